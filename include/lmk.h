@@ -1,0 +1,302 @@
+/*
+ * lmk.h - language-model kernels: the whole public API of lmk.
+ *
+ * lmk is a C11 library of compute kernels for large-language-model inference, with a CUDA backend
+ * for NVIDIA GPUs and a CPU backend that runs everywhere. This header is the manual: every
+ * declaration says its contract, its units, who owns what, what is thread-safe and every status it
+ * can return.
+ *
+ * Conventions that hold everywhere:
+ *  - Every call that can fail returns an lmk_status. On failure, lmk_last_error() returns a message
+ *    for the calling thread that names the function or op and the value that broke the rule, e.g.
+ *    "repeat_tiled: h (5) must be a multiple of hg (2)". The library never prints, exits or aborts.
+ *  - A call that fails validation changes nothing: no buffer byte is written, no handle is created.
+ *  - Destroy/free/close functions accept NULL and do nothing for it.
+ *  - Tensors are row-major and contiguous. Shapes are element counts, offsets and lengths are bytes.
+ *  - Ops take the stream first, then inputs, then outputs, then a parameter struct.
+ *  - An op call validates, then only enqueues work: it performs no heap allocation, no
+ *    host-device synchronisation and no host copy, so it is usable on a decode hot path and inside
+ *    a captured CUDA graph. Results are deterministic: the same inputs give bit-identical outputs.
+ *  - Threads: any thread may call any function. Different threads may use different streams of one
+ *    device at the same time. One stream must not be used by two threads at once.
+ */
+#ifndef LMK_H
+#define LMK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define LMK_API
+#elif defined(__GNUC__)
+#define LMK_API __attribute__((visibility("default")))
+#else
+#define LMK_API
+#endif
+
+#define LMK_VERSION_MAJOR 0
+#define LMK_VERSION_MINOR 1
+#define LMK_VERSION_PATCH 0
+
+/* ------------------------------------------------------------------------------------------------
+ * Status and messages
+ * ---------------------------------------------------------------------------------------------- */
+
+typedef enum lmk_status {
+    LMK_OK = 0,
+    LMK_ERR_INVALID_ARGUMENT = 1, /* shape, dtype, buffer or parameter breaks the op's contract */
+    LMK_ERR_UNSUPPORTED = 2,      /* valid, but this build or device cannot do it (e.g. no CUDA) */
+    LMK_ERR_OUT_OF_MEMORY = 3,
+    LMK_ERR_DEVICE = 4,           /* driver or runtime failure, including asynchronous faults */
+    LMK_ERR_NOT_FOUND = 5         /* no such device or kernel */
+} lmk_status;
+
+/* The enum's name, e.g. "LMK_ERR_INVALID_ARGUMENT"; "LMK_UNKNOWN_STATUS" for other values. */
+LMK_API const char *lmk_status_name(lmk_status s);
+
+/* The calling thread's last failure message; "" if none. The message stays until the next failing
+ * call on this thread (successful calls do not clear it). The pointer is valid until then. */
+LMK_API const char *lmk_last_error(void);
+
+/* Clears this thread's message, so that lmk_last_error() returns "". */
+LMK_API void lmk_clear_error(void);
+
+/* "0.1.0". */
+LMK_API const char *lmk_version(void);
+
+/* A one-line description of how this library was built, e.g. "cuda=yes (sm_90;PTX) simd=avx2". */
+LMK_API const char *lmk_build_info(void);
+
+/* ------------------------------------------------------------------------------------------------
+ * Element types
+ * ---------------------------------------------------------------------------------------------- */
+
+typedef enum lmk_dtype {
+    LMK_F32 = 0,
+    LMK_F16 = 1,
+    LMK_BF16 = 2,
+    LMK_U8 = 3,
+    LMK_U16 = 4,
+    LMK_U32 = 5,
+    LMK_I32 = 6
+} lmk_dtype;
+#define LMK_DTYPE_COUNT 7
+
+/* Bytes per element; 0 for a value that is not an lmk_dtype. */
+LMK_API size_t lmk_dtype_size(lmk_dtype t);
+/* "f32", "f16", "bf16", "u8", "u16", "u32", "i32"; "invalid" for other values. */
+LMK_API const char *lmk_dtype_name(lmk_dtype t);
+
+/* Exact conversions used by every backend. Widening is exact. Narrowing rounds to nearest, ties to
+ * even; overflow gives infinity; a NaN stays a NaN (quiet, sign kept). */
+LMK_API float    lmk_bf16_to_f32(uint16_t h);
+LMK_API uint16_t lmk_f32_to_bf16(float f);
+LMK_API float    lmk_f16_to_f32(uint16_t h);
+LMK_API uint16_t lmk_f32_to_f16(float f);
+
+/* ------------------------------------------------------------------------------------------------
+ * Host memory allocator hook
+ *
+ * Every host allocation the library makes (handles, thread pools, messages never allocate) goes
+ * through these functions. Install a hook to count, pool or fail allocations. Set it while no
+ * other thread is inside the library and no handle is alive; NULL restores malloc/free. A failing
+ * allocation makes the call that needed it return LMK_ERR_OUT_OF_MEMORY, leak nothing and leave the
+ * library usable. Device memory (CUDA) is not allocated through this hook.
+ * ---------------------------------------------------------------------------------------------- */
+
+typedef struct lmk_allocator {
+    void *(*alloc)(size_t size, size_t alignment, void *user); /* NULL on failure */
+    void (*free)(void *ptr, void *user);
+    void *user;
+} lmk_allocator;
+LMK_API void lmk_set_allocator(const lmk_allocator *a);
+
+/* ------------------------------------------------------------------------------------------------
+ * Devices
+ * ---------------------------------------------------------------------------------------------- */
+
+typedef enum lmk_backend { LMK_BACKEND_AUTO = 0, LMK_BACKEND_CPU = 1, LMK_BACKEND_CUDA = 2 } lmk_backend;
+
+typedef struct lmk_device lmk_device; /* opaque handles */
+typedef struct lmk_buffer lmk_buffer;
+typedef struct lmk_stream lmk_stream;
+
+/* Opens device number `ordinal` of `backend`. AUTO opens CUDA device `ordinal` when this build has
+ * CUDA and a GPU is usable, else the CPU. The CPU backend has one device, ordinal 0.
+ * Errors: INVALID_ARGUMENT (unknown backend, negative ordinal, out NULL); UNSUPPORTED (CUDA asked
+ * for in a build without CUDA); NOT_FOUND (no such ordinal, or no usable GPU); DEVICE (the driver
+ * failed); OUT_OF_MEMORY. */
+LMK_API lmk_status lmk_device_open(lmk_backend backend, int ordinal, lmk_device **out);
+/* Closes the device. Every buffer and stream made on it must be freed first. */
+LMK_API void lmk_device_close(lmk_device *dev);
+LMK_API lmk_backend lmk_device_backend(const lmk_device *dev);
+/* "cpu (2 threads, avx2)" or "NVIDIA H200 (sm_90, 132 SMs)". Valid while the device is open. */
+LMK_API const char *lmk_device_name(const lmk_device *dev);
+/* Number of devices of a backend this process can open (CPU: 1; CUDA: 0 without GPU or support). */
+LMK_API int lmk_device_count(lmk_backend backend);
+
+/* CPU: worker threads used by streams created after this call (default: the LMK_NUM_THREADS
+ * environment variable, else the number of online cores). n_threads <= 0 restores the default.
+ * CUDA devices ignore it. Errors: INVALID_ARGUMENT (dev NULL, n_threads > 1024). */
+LMK_API lmk_status lmk_device_set_threads(lmk_device *dev, int n_threads);
+
+/* ------------------------------------------------------------------------------------------------
+ * Buffers
+ *
+ * A buffer is memory on a device plus a dtype and a shape (at most LMK_MAX_DIMS dimensions). Its
+ * element count is the product of the shape and its byte length may exceed element count times
+ * element size (pooled memory); ops say which of the two they check. shape NULL with ndim 0 means
+ * the 1-D shape [byte_len / dtype size]. CPU buffer memory is host memory; CUDA buffer memory is
+ * device memory (cudaMalloc), read and written with lmk_buffer_read/lmk_buffer_write.
+ * Errors common to all constructors: INVALID_ARGUMENT (NULL out or device, unknown dtype, ndim
+ * outside [0, LMK_MAX_DIMS], a shape whose byte size overflows or exceeds byte_len).
+ * ---------------------------------------------------------------------------------------------- */
+
+#define LMK_MAX_DIMS 8
+
+/* Allocates byte_len bytes (zero-filled) on the device. byte_len may be 0. Errors as above, and
+ * OUT_OF_MEMORY, DEVICE. */
+LMK_API lmk_status lmk_buffer_alloc(lmk_device *dev, size_t byte_len, lmk_dtype dtype,
+                                    const size_t *shape, int ndim, lmk_buffer **out);
+/* Wraps memory the caller owns (host memory for the CPU, device memory for CUDA) without copying;
+ * the memory must outlive the buffer and is never freed by lmk. ptr may be NULL only when
+ * byte_len is 0. */
+LMK_API lmk_status lmk_buffer_wrap(lmk_device *dev, void *ptr, size_t byte_len, lmk_dtype dtype,
+                                   const size_t *shape, int ndim, lmk_buffer **out);
+/* A buffer sharing parent's memory from byte_offset, holding exactly the shape's bytes (shape NULL,
+ * ndim 0: the rest of the parent). It must be freed before its parent. Errors: INVALID_ARGUMENT
+ * when the view does not fit inside the parent. */
+LMK_API lmk_status lmk_buffer_view(const lmk_buffer *parent, size_t byte_offset, lmk_dtype dtype,
+                                   const size_t *shape, int ndim, lmk_buffer **out);
+LMK_API void lmk_buffer_free(lmk_buffer *buf);
+/* Copies n bytes host->buffer (write) or buffer->host (read) at byte_offset. They order after all
+ * work queued on the device's streams that touches the buffer only if the caller synced those
+ * streams first. Errors: INVALID_ARGUMENT (NULL pointer with n > 0, range outside the buffer);
+ * DEVICE. */
+LMK_API lmk_status lmk_buffer_write(lmk_buffer *buf, size_t byte_offset, const void *src, size_t n);
+LMK_API lmk_status lmk_buffer_read(const lmk_buffer *buf, size_t byte_offset, void *dst, size_t n);
+LMK_API size_t    lmk_buffer_byte_len(const lmk_buffer *buf);        /* 0 for NULL */
+LMK_API size_t    lmk_buffer_element_count(const lmk_buffer *buf);   /* product of shape; 0 for NULL */
+LMK_API lmk_dtype lmk_buffer_dtype(const lmk_buffer *buf);
+LMK_API int       lmk_buffer_ndim(const lmk_buffer *buf);
+LMK_API size_t    lmk_buffer_dim(const lmk_buffer *buf, int axis);   /* 0 outside [0, ndim) */
+LMK_API lmk_device *lmk_buffer_device(const lmk_buffer *buf);
+/* The memory address of the buffer's first byte (host or device address by backend). */
+LMK_API void     *lmk_buffer_data(const lmk_buffer *buf);
+
+/* ------------------------------------------------------------------------------------------------
+ * Streams
+ *
+ * A stream orders work on one device. Ops are queued on it and may run asynchronously;
+ * lmk_stream_sync waits for all of it and reports asynchronous failures. On the CPU an op runs to
+ * completion on the stream's own worker threads before the call returns, so sync only returns
+ * LMK_OK. On CUDA an op only enqueues kernels; faults during them surface as LMK_ERR_DEVICE at a
+ * later call or at lmk_stream_sync.
+ * ---------------------------------------------------------------------------------------------- */
+
+LMK_API lmk_status lmk_stream_create(lmk_device *dev, lmk_stream **out);
+LMK_API lmk_status lmk_stream_sync(lmk_stream *s);
+/* Waits for the stream's work, then frees it. */
+LMK_API void       lmk_stream_destroy(lmk_stream *s);
+LMK_API lmk_device *lmk_stream_device(const lmk_stream *s);
+
+/* ------------------------------------------------------------------------------------------------
+ * repeat_tiled: tiled GQA head broadcast
+ *
+ *     src [seq, hg, k]  ->  dst [seq, h, k],   dst[t, i, j] = src[t, i % hg, j],   h % hg == 0
+ *
+ * Head i of the output reads head i % hg: the GGUF / llama.cpp ggml_repeat_4d order, not Hugging
+ * Face's repeat_interleave (block) order i / (h / hg). A pure copy of any element size: the output
+ * is bit-identical to the source. src and dst must be on the stream's device with equal dtypes
+ * and hold at least seq*hg*k and seq*h*k elements (by byte length; larger buffers are accepted).
+ * src and dst must not overlap.
+ *
+ * Errors (INVALID_ARGUMENT, checked in this order): NULL stream/buffer/params; any of seq, hg, h, k
+ * is 0; h not a multiple of hg; seq*hg*k or seq*h*k overflows; dtype mismatch; src or dst too
+ * small; a buffer on another device; overlapping src and dst. DEVICE: launch failure (CUDA).
+ * ---------------------------------------------------------------------------------------------- */
+
+typedef struct lmk_repeat_tiled_params {
+    uint32_t seq, hg, h, k;
+} lmk_repeat_tiled_params;
+
+LMK_API lmk_status lmk_repeat_tiled(lmk_stream *s, const lmk_buffer *src, lmk_buffer *dst,
+                                    const lmk_repeat_tiled_params *p);
+
+/* ------------------------------------------------------------------------------------------------
+ * rope_multi: multi-section rotary position embedding (Qwen2-VL MROPE, Qwen3-VL/3.5/3.6 IMROPE)
+ *
+ *     input, output [seq_len, n_heads, head_dim]  f32, bf16 or f16
+ *     positions     i32 (u32 is read as i32), 4*seq_len entries, axis-major:
+ *                   t = positions[i], h = positions[T+i], w = positions[2T+i], e = positions[3T+i]
+ *
+ * For each token i and rotated pair p in [0, rope_dim/2), with sect = s0+s1+s2+s3 (0 counts as 1)
+ * and sector = p % sect, the pair's axis is:
+ *
+ *     MROPE  (8):  contiguous sections   sector < s0 -> t, < s0+s1 -> h, < s0+s1+s2 -> w, else e
+ *                  e.g. [2,1,1,0]:       t t h w | t t h w | ...
+ *     IMROPE (40): interleaved           sector%3==0 && sector<3*s0 -> t, ==1 && <3*s1 -> h,
+ *                                        ==2 && <3*s2 -> w, else e
+ *                  e.g. [11,11,10,0]:    t h w t h w ... t h w t h e e
+ *
+ *     theta = pos_axis(i) * freq_base^(-2p/rope_dim)     (p counts across sections)
+ *     out_a = a*cos(theta) - b*sin(theta),   out_b = a*sin(theta) + b*cos(theta)
+ *
+ * The pair (a, b) is chosen by params.pairing:
+ *     LMK_ROPE_PAIR_HALF_ROPE (0, default): (x[p], x[p + rope_dim/2]), Hugging Face rotate_half and
+ *         ggml NeoX; elements [rope_dim, head_dim) are copied. Use this for published weights.
+ *     LMK_ROPE_PAIR_HALF_HEAD (1): (x[p], x[p + head_dim/2]), the Metal seed's kernel; elements
+ *         [rope_dim/2, head_dim/2) and [head_dim/2 + rope_dim/2, head_dim) are copied.
+ * The two agree only when rope_dim == head_dim. Copied elements are bit-exact in every dtype.
+ *
+ * Precision: the angle is reduced in float64, so f32 results stay within 1e-5 of a float64
+ * reference for |x| <= 2 at any |position| up to 2^20, and bf16/f16 results within one ulp of it.
+ * bf16/f16 are widened exactly, computed in f32 and rounded to nearest-even on store.
+ * input == output (same buffer memory, same offset) rotates in place; partial overlap is an error.
+ * Sections are not validated: a sum smaller than rope_dim/2 wraps.
+ *
+ * Errors (INVALID_ARGUMENT, in this order): NULL stream/buffer/params; head_dim, rope_dim, n_heads,
+ * seq_len not all > 0; head_dim or rope_dim odd; rope_dim > head_dim; freq_base not finite and
+ * positive; input or output element count != seq_len*n_heads*head_dim; dtype mismatch; positions
+ * length != 4*seq_len; positions dtype not i32/u32; input dtype not f32/bf16/f16; unknown mode;
+ * unknown pairing; a buffer smaller than its shape or on another device; partial overlap of input
+ * and output, or of output and positions. DEVICE: launch failure (CUDA).
+ * ---------------------------------------------------------------------------------------------- */
+
+typedef enum lmk_rope_mode { LMK_ROPE_MROPE = 8, LMK_ROPE_IMROPE = 40 } lmk_rope_mode;
+
+typedef enum lmk_rope_pairing {
+    LMK_ROPE_PAIR_HALF_ROPE = 0, /* (x[p], x[p + rope_dim/2]): Hugging Face, ggml */
+    LMK_ROPE_PAIR_HALF_HEAD = 1  /* (x[p], x[p + head_dim/2]): the seed */
+} lmk_rope_pairing;
+
+typedef struct lmk_rope_multi_params {
+    uint32_t head_dim, rope_dim, n_heads, seq_len;
+    float freq_base;
+    lmk_rope_mode mode;
+    uint32_t sections[4];
+    lmk_rope_pairing pairing;
+} lmk_rope_multi_params;
+
+LMK_API lmk_status lmk_rope_multi(lmk_stream *s, const lmk_buffer *input, lmk_buffer *output,
+                                  const lmk_buffer *positions, const lmk_rope_multi_params *p);
+
+/* Rotates the queries and the keys of one attention layer in a single launch: the same as
+ * lmk_rope_multi(q_in -> q_out) with p->n_heads heads and lmk_rope_multi(k_in -> k_out) with
+ * n_k_heads heads, sharing the positions and every other parameter, with angles computed once per
+ * (token, pair). Each of q and k may be in place. Errors as lmk_rope_multi (messages say "rope_multi
+ * q" or "rope_multi k"), and INVALID_ARGUMENT when n_k_heads is 0, q and k dtypes differ, or any
+ * two of the q and k buffers overlap other than a buffer with its own output. */
+LMK_API lmk_status lmk_rope_multi_qk(lmk_stream *s, const lmk_buffer *q_in, lmk_buffer *q_out,
+                                     const lmk_buffer *k_in, lmk_buffer *k_out,
+                                     const lmk_buffer *positions, const lmk_rope_multi_params *p,
+                                     uint32_t n_k_heads);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LMK_H */

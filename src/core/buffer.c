@@ -1,0 +1,175 @@
+/*
+ * buffer.c - buffers: device memory with a dtype and a shape.
+ *
+ * Three constructors share one shape check: alloc owns its memory, wrap borrows the caller's, and
+ * view borrows a parent's. Reads and writes are bounds-checked here and copied by the backend.
+ */
+#include "core/internal.h"
+
+#include <string.h>
+
+/* Fills b's dtype and shape from the arguments, checking that the shape fits byte_len bytes.
+ * `fn` names the calling function in the message. */
+static lmk_status set_shape(lmk_buffer *b, const char *fn, size_t byte_len, lmk_dtype dtype,
+                            const size_t *shape, int ndim)
+{
+    const size_t esize = lmk_dtype_size(dtype);
+    if (esize == 0)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: unknown dtype %d", fn, (int)dtype);
+    if (ndim < 0 || ndim > LMK_MAX_DIMS)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: ndim (%d) must be in [0, %d]", fn, ndim,
+                        LMK_MAX_DIMS);
+    if (ndim > 0 && !shape)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: shape must not be NULL when ndim (%d) > 0", fn, ndim);
+    b->dtype = dtype;
+    b->byte_len = byte_len;
+    if (ndim == 0) {
+        b->ndim = 1;
+        b->shape[0] = byte_len / esize;
+        b->element_count = b->shape[0];
+        return LMK_OK;
+    }
+    size_t count = 1, bytes;
+    for (int i = 0; i < ndim; i++)
+        if (lmk_mul_overflows(count, shape[i], &count))
+            return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: shape element count overflows size_t", fn);
+    if (lmk_mul_overflows(count, esize, &bytes))
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: shape byte size overflows size_t", fn);
+    if (bytes > byte_len)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT,
+                        "%s: shape needs %zu bytes (%zu %s elements), buffer has %zu", fn, bytes, count,
+                        lmk_dtype_name(dtype), byte_len);
+    b->ndim = ndim;
+    memcpy(b->shape, shape, (size_t)ndim * sizeof shape[0]);
+    b->element_count = count;
+    return LMK_OK;
+}
+
+lmk_status lmk_buffer_alloc(lmk_device *dev, size_t byte_len, lmk_dtype dtype, const size_t *shape,
+                            int ndim, lmk_buffer **out)
+{
+    if (!dev || !out)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_buffer_alloc: dev and out must not be NULL");
+    lmk_buffer tmp = {0};
+    lmk_status st = set_shape(&tmp, "lmk_buffer_alloc", byte_len, dtype, shape, ndim);
+    if (st != LMK_OK)
+        return st;
+    lmk_buffer *b = lmk_host_alloc(sizeof *b, 0);
+    if (!b)
+        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk_buffer_alloc: out of host memory");
+    *b = tmp;
+    b->dev = dev;
+    st = dev->ops->mem_alloc(dev, byte_len, &b->alloc);
+    if (st != LMK_OK) {
+        lmk_host_free(b);
+        return st;
+    }
+    b->data = b->alloc;
+    *out = b;
+    return LMK_OK;
+}
+
+lmk_status lmk_buffer_wrap(lmk_device *dev, void *ptr, size_t byte_len, lmk_dtype dtype, const size_t *shape,
+                           int ndim, lmk_buffer **out)
+{
+    if (!dev || !out)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_buffer_wrap: dev and out must not be NULL");
+    if (!ptr && byte_len)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_buffer_wrap: ptr is NULL but byte_len is %zu", byte_len);
+    lmk_buffer tmp = {0};
+    lmk_status st = set_shape(&tmp, "lmk_buffer_wrap", byte_len, dtype, shape, ndim);
+    if (st != LMK_OK)
+        return st;
+    if ((uintptr_t)ptr % lmk_dtype_size(dtype))
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_buffer_wrap: ptr %p is not aligned to the %s size (%zu)",
+                        ptr, lmk_dtype_name(dtype), lmk_dtype_size(dtype));
+    if ((uintptr_t)ptr > UINTPTR_MAX - byte_len)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_buffer_wrap: ptr %p + byte_len %zu wraps the address space",
+                        ptr, byte_len);
+    lmk_buffer *b = lmk_host_alloc(sizeof *b, 0);
+    if (!b)
+        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk_buffer_wrap: out of host memory");
+    *b = tmp;
+    b->dev = dev;
+    b->data = ptr;
+    *out = b;
+    return LMK_OK;
+}
+
+lmk_status lmk_buffer_view(const lmk_buffer *parent, size_t byte_offset, lmk_dtype dtype, const size_t *shape,
+                           int ndim, lmk_buffer **out)
+{
+    if (!parent || !out)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_buffer_view: parent and out must not be NULL");
+    if (byte_offset > parent->byte_len)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_buffer_view: byte_offset %zu is past the parent's %zu bytes",
+                        byte_offset, parent->byte_len);
+    const size_t room = parent->byte_len - byte_offset;
+    lmk_buffer tmp = {0};
+    lmk_status st = set_shape(&tmp, "lmk_buffer_view", room, dtype, shape, ndim);
+    if (st != LMK_OK)
+        return st;
+    if (ndim > 0)
+        tmp.byte_len = tmp.element_count * lmk_dtype_size(dtype); /* exactly the shape's bytes */
+    if ((uintptr_t)(parent->data + byte_offset) % lmk_dtype_size(dtype))
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT,
+                        "lmk_buffer_view: byte_offset %zu is not aligned to the %s size (%zu)", byte_offset,
+                        lmk_dtype_name(dtype), lmk_dtype_size(dtype));
+    lmk_buffer *b = lmk_host_alloc(sizeof *b, 0);
+    if (!b)
+        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk_buffer_view: out of host memory");
+    *b = tmp;
+    b->dev = parent->dev;
+    b->data = parent->data + byte_offset;
+    *out = b;
+    return LMK_OK;
+}
+
+void lmk_buffer_free(lmk_buffer *buf)
+{
+    if (!buf)
+        return;
+    if (buf->alloc)
+        buf->dev->ops->mem_free(buf->dev, buf->alloc);
+    lmk_host_free(buf);
+}
+
+/* Checks [off, off+n) lies inside buf; `fn` names the caller. */
+static lmk_status check_range(const lmk_buffer *buf, const char *fn, size_t off, const void *host, size_t n)
+{
+    if (!buf)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: buf must not be NULL", fn);
+    if (!host && n)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: host pointer is NULL but n is %zu", fn, n);
+    if (off > buf->byte_len || n > buf->byte_len - off)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: range [%zu, %zu + %zu) is outside the buffer's %zu bytes",
+                        fn, off, off, n, buf->byte_len);
+    return LMK_OK;
+}
+
+lmk_status lmk_buffer_write(lmk_buffer *buf, size_t byte_offset, const void *src, size_t n)
+{
+    const lmk_status st = check_range(buf, "lmk_buffer_write", byte_offset, src, n);
+    if (st != LMK_OK || n == 0)
+        return st;
+    return buf->dev->ops->mem_write(buf->dev, buf->data + byte_offset, src, n);
+}
+
+lmk_status lmk_buffer_read(const lmk_buffer *buf, size_t byte_offset, void *dst, size_t n)
+{
+    const lmk_status st = check_range(buf, "lmk_buffer_read", byte_offset, dst, n);
+    if (st != LMK_OK || n == 0)
+        return st;
+    return buf->dev->ops->mem_read(buf->dev, dst, buf->data + byte_offset, n);
+}
+
+size_t lmk_buffer_byte_len(const lmk_buffer *buf) { return buf ? buf->byte_len : 0; }
+size_t lmk_buffer_element_count(const lmk_buffer *buf) { return buf ? buf->element_count : 0; }
+lmk_dtype lmk_buffer_dtype(const lmk_buffer *buf) { return buf ? buf->dtype : LMK_F32; }
+int lmk_buffer_ndim(const lmk_buffer *buf) { return buf ? buf->ndim : 0; }
+size_t lmk_buffer_dim(const lmk_buffer *buf, int axis)
+{
+    return buf && axis >= 0 && axis < buf->ndim ? buf->shape[axis] : 0;
+}
+lmk_device *lmk_buffer_device(const lmk_buffer *buf) { return buf ? buf->dev : NULL; }
+void *lmk_buffer_data(const lmk_buffer *buf) { return buf ? buf->data : NULL; }

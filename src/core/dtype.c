@@ -1,0 +1,104 @@
+/*
+ * dtype.c - element types and the exact half-precision conversions every backend uses.
+ *
+ * Widening bf16/f16 to f32 is exact. Narrowing rounds to nearest, ties to even, the IEEE default,
+ * so CPU and GPU produce the same bits (__float2bfloat16_rn and __float2half_rn round the same way).
+ * A NaN stays a NaN: the quiet bit is set and the sign and top payload bits are kept, because plain
+ * rounding arithmetic on a NaN with a small payload would carry into the exponent and give inf.
+ */
+#include "core/internal.h"
+
+#include <string.h>
+
+static const struct {
+    const char *name;
+    size_t size;
+} g_dtypes[LMK_DTYPE_COUNT] = {
+    [LMK_F32] = {"f32", 4}, [LMK_F16] = {"f16", 2}, [LMK_BF16] = {"bf16", 2}, [LMK_U8] = {"u8", 1},
+    [LMK_U16] = {"u16", 2}, [LMK_U32] = {"u32", 4}, [LMK_I32] = {"i32", 4},
+};
+
+size_t lmk_dtype_size(lmk_dtype t)
+{
+    return (unsigned)t < LMK_DTYPE_COUNT ? g_dtypes[t].size : 0;
+}
+
+const char *lmk_dtype_name(lmk_dtype t)
+{
+    return (unsigned)t < LMK_DTYPE_COUNT ? g_dtypes[t].name : "invalid";
+}
+
+static uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static float bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+float lmk_bf16_to_f32(uint16_t h)
+{
+    return bits_f32((uint32_t)h << 16);
+}
+
+uint16_t lmk_f32_to_bf16(float f)
+{
+    uint32_t u = f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float lmk_f16_to_f32(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    if (exp == 0x1f) /* inf or NaN: payload moves to the top of the f32 mantissa */
+        return bits_f32(sign | 0x7f800000u | (mant << 13));
+    if (exp != 0)
+        return bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
+    if (mant == 0)
+        return bits_f32(sign);
+    /* subnormal: mant * 2^-24, normalised */
+    int e = 113;
+    while (!(mant & 0x400u)) {
+        mant <<= 1;
+        e--;
+    }
+    return bits_f32(sign | ((uint32_t)e << 23) | ((mant & 0x3ffu) << 13));
+}
+
+uint16_t lmk_f32_to_f16(float f)
+{
+    uint32_t x = f32_bits(f);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    x &= 0x7fffffffu;
+    if (x > 0x7f800000u) /* NaN */
+        return (uint16_t)(sign | 0x7e00u | ((x >> 13) & 0x3ffu));
+    if (x >= 0x477ff000u) /* >= 65520 (halfway past the largest finite) rounds to inf */
+        return (uint16_t)(sign | 0x7c00u);
+    if (x >= 0x38800000u) { /* normal in f16: rebias the exponent, round the 13 dropped bits */
+        uint32_t r = x - 0x38000000u;
+        r += 0xfffu + ((r >> 13) & 1u);
+        return (uint16_t)(sign | (r >> 13));
+    }
+    if (x < 0x33000000u) /* below 2^-25: rounds to zero (2^-25 itself ties to even zero) */
+        return sign;
+    /* subnormal in f16: units of 2^-24 */
+    const uint32_t e = x >> 23;
+    const uint32_t m = (x & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126u - e;
+    uint32_t q = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u)))
+        q++;
+    return (uint16_t)(sign | q);
+}

@@ -1,0 +1,63 @@
+/*
+ * status.c - status names and the per-thread failure message.
+ *
+ * Errors are values: every failing call returns an lmk_status and leaves a message in a
+ * thread-local buffer. The buffer is static per thread (no allocation), so reporting a failure can
+ * never itself fail, and one thread's failures never overwrite another's message.
+ */
+#include "core/internal.h"
+
+#include <stdio.h>
+
+static _Thread_local char g_message[512];
+
+static const char *const g_status_names[] = {
+    [LMK_OK] = "LMK_OK",
+    [LMK_ERR_INVALID_ARGUMENT] = "LMK_ERR_INVALID_ARGUMENT",
+    [LMK_ERR_UNSUPPORTED] = "LMK_ERR_UNSUPPORTED",
+    [LMK_ERR_OUT_OF_MEMORY] = "LMK_ERR_OUT_OF_MEMORY",
+    [LMK_ERR_DEVICE] = "LMK_ERR_DEVICE",
+    [LMK_ERR_NOT_FOUND] = "LMK_ERR_NOT_FOUND",
+};
+
+const char *lmk_status_name(lmk_status s)
+{
+    if ((unsigned)s < sizeof g_status_names / sizeof g_status_names[0])
+        return g_status_names[s];
+    return "LMK_UNKNOWN_STATUS";
+}
+
+const char *lmk_last_error(void)
+{
+    return g_message;
+}
+
+void lmk_clear_error(void)
+{
+    g_message[0] = '\0';
+}
+
+lmk_status lmk_fail(lmk_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_message, sizeof g_message, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+const char *lmk_version(void)
+{
+    return "0.1.0";
+}
+
+const char *lmk_build_info(void)
+{
+    return "compiler=" LMK_BUILD_COMPILER
+#ifdef LMK_WITH_CUDA
+           " cuda=yes (" LMK_BUILD_CUDA_ARCHS ")"
+#else
+           " cuda=no"
+#endif
+           " build=" LMK_BUILD_TYPE;
+}

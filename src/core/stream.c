@@ -1,0 +1,44 @@
+/*
+ * stream.c - streams: the order of work on one device.
+ *
+ * The backend owns what a stream is (a CPU thread pool, a cudaStream_t); this file owns the handle
+ * so that creation failures roll back in one place.
+ */
+#include "core/internal.h"
+
+lmk_status lmk_stream_create(lmk_device *dev, lmk_stream **out)
+{
+    if (!dev || !out)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_stream_create: dev and out must not be NULL");
+    lmk_stream *s = lmk_host_calloc(sizeof *s, 0);
+    if (!s)
+        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk_stream_create: out of host memory");
+    s->dev = dev;
+    const lmk_status st = dev->ops->stream_create(s);
+    if (st != LMK_OK) {
+        lmk_host_free(s);
+        return st;
+    }
+    *out = s;
+    return LMK_OK;
+}
+
+lmk_status lmk_stream_sync(lmk_stream *s)
+{
+    if (!s)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_stream_sync: stream must not be NULL");
+    return s->dev->ops->stream_sync(s);
+}
+
+void lmk_stream_destroy(lmk_stream *s)
+{
+    if (!s)
+        return;
+    s->dev->ops->stream_destroy(s);
+    lmk_host_free(s);
+}
+
+lmk_device *lmk_stream_device(const lmk_stream *s)
+{
+    return s ? s->dev : NULL;
+}
