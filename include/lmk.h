@@ -263,8 +263,8 @@ LMK_API lmk_status lmk_repeat_tiled(lmk_stream *s, const lmk_buffer *src, lmk_bu
  * seq_len not all > 0; head_dim or rope_dim odd; rope_dim > head_dim; freq_base not finite and
  * positive; input or output element count != seq_len*n_heads*head_dim; dtype mismatch; positions
  * length != 4*seq_len; positions dtype not i32/u32; input dtype not f32/bf16/f16; unknown mode;
- * unknown pairing; a buffer smaller than its shape or on another device; partial overlap of input
- * and output, or of output and positions. DEVICE: launch failure (CUDA).
+ * unknown pairing; a buffer on another device; partial overlap of input and output, or overlap of
+ * output and positions. DEVICE: launch failure (CUDA).
  * ---------------------------------------------------------------------------------------------- */
 
 typedef enum lmk_rope_mode { LMK_ROPE_MROPE = 8, LMK_ROPE_IMROPE = 40 } lmk_rope_mode;
@@ -288,8 +288,8 @@ LMK_API lmk_status lmk_rope_multi(lmk_stream *s, const lmk_buffer *input, lmk_bu
 /* Rotates the queries and the keys of one attention layer in a single launch: the same as
  * lmk_rope_multi(q_in -> q_out) with p->n_heads heads and lmk_rope_multi(k_in -> k_out) with
  * n_k_heads heads, sharing the positions and every other parameter, with angles computed once per
- * (token, pair). Each of q and k may be in place. Errors as lmk_rope_multi (messages say "rope_multi
- * q" or "rope_multi k"), and INVALID_ARGUMENT when n_k_heads is 0, q and k dtypes differ, or any
+ * (token, pair). Each of q and k may be in place. Errors as lmk_rope_multi (messages start "rope_multi_qk:" and
+ * say "q" or "k" where a rule concerns one tensor), and INVALID_ARGUMENT when n_k_heads is 0, q and k dtypes differ, or any
  * two of the q and k buffers overlap other than a buffer with its own output. */
 LMK_API lmk_status lmk_rope_multi_qk(lmk_stream *s, const lmk_buffer *q_in, lmk_buffer *q_out,
                                      const lmk_buffer *k_in, lmk_buffer *k_out,
