@@ -1,0 +1,303 @@
+/*
+ * backend.c - the CPU backend's vtable: device, host memory, and streams with their thread pools.
+ *
+ * A stream owns a persistent pool of n_threads threads: the thread that calls an op plus
+ * n_threads - 1 workers created with the stream and joined when it is destroyed. Creating threads
+ * per op would cost more than a decode-sized op takes, and allocating per op is forbidden (the
+ * hot-path rule), so everything a job needs lives in the pool, allocated at stream creation.
+ * A job is published under the pool's mutex with a generation counter; workers sleep on a
+ * condition variable between jobs. Each stream has its own pool, so streams used by different
+ * threads never contend; a single stream is used by one thread at a time (the API's rule).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* pthread_sigmask when compiled outside the build's -D_GNU_SOURCE */
+#endif
+#include "cpu/cpu.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#if LMK_CPU_X86
+#include <cpuid.h>
+#endif
+
+typedef struct cpu_device {
+    lmk_cpu_isa isa;
+} cpu_device;
+
+typedef struct cpu_pool cpu_pool;
+
+typedef struct cpu_worker {
+    cpu_pool *pool;
+    pthread_t thread;
+    int tid;
+} cpu_worker;
+
+struct cpu_pool {
+    lmk_cpu_isa isa;
+    int n_threads;         /* caller + workers */
+    int n_started;         /* workers actually running (rollback joins only these) */
+    pthread_mutex_t mu;
+    pthread_cond_t wake;   /* a job was published, or quit */
+    pthread_cond_t done;   /* the last worker of a job finished */
+    atomic_ulong gen;      /* bumped once per published job (release: the job fields below) */
+    atomic_int busy;       /* workers of the current job still running */
+    int quit;              /* under mu */
+    lmk_cpu_task task;     /* the current job, run by every thread of the pool */
+    void *ctx;
+    cpu_worker workers[];  /* n_threads - 1 */
+};
+
+/* ---- ISA ---- */
+
+static const char *isa_name(lmk_cpu_isa isa)
+{
+    return isa == LMK_CPU_AVX512 ? "avx512" : isa == LMK_CPU_AVX2 ? "avx2" : "scalar";
+}
+
+static lmk_cpu_isa detect_isa(void)
+{
+    lmk_cpu_isa isa = LMK_CPU_SCALAR;
+#if LMK_CPU_X86
+    unsigned a, b, c, d;
+    /* __builtin_cpu_supports checks that the OS saves the vector state too; F16C is read from
+     * CPUID because clang's builtin does not know it (every AVX2 CPU has it, but check anyway). */
+    __builtin_cpu_init();
+    const int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+    if (f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        isa = __builtin_cpu_supports("avx512f") ? LMK_CPU_AVX512 : LMK_CPU_AVX2;
+#endif
+    const char *cap = getenv("LMK_CPU_ISA");
+    if (cap) {
+        lmk_cpu_isa want = isa;
+        if (!strcmp(cap, "scalar"))
+            want = LMK_CPU_SCALAR;
+        else if (!strcmp(cap, "avx2"))
+            want = LMK_CPU_AVX2;
+        if (want < isa)
+            isa = want;
+    }
+    return isa;
+}
+
+lmk_cpu_isa lmk_cpu_stream_isa(const lmk_stream *s)
+{
+    return ((const cpu_pool *)s->impl)->isa;
+}
+
+/* ---- device ---- */
+
+static lmk_status cpu_device_open(lmk_device *dev, int ordinal)
+{
+    if (ordinal != 0)
+        return lmk_fail(LMK_ERR_NOT_FOUND, "lmk_device_open: the CPU backend has one device (ordinal 0), not %d",
+                        ordinal);
+    cpu_device *cd = lmk_host_calloc(sizeof *cd, 0);
+    if (!cd)
+        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk_device_open: out of host memory");
+    cd->isa = detect_isa();
+    dev->impl = cd;
+    snprintf(dev->name, sizeof dev->name, "cpu (%d thread%s, %s)", dev->n_threads, dev->n_threads == 1 ? "" : "s",
+             isa_name(cd->isa));
+    return LMK_OK;
+}
+
+static void cpu_device_close(lmk_device *dev)
+{
+    lmk_host_free(dev->impl);
+    dev->impl = NULL;
+}
+
+/* ---- memory: host memory, 64-byte aligned so streaming stores and full-line vectors apply ---- */
+
+static lmk_status cpu_mem_alloc(lmk_device *dev, size_t n, void **out)
+{
+    (void)dev;
+    void *p = lmk_host_calloc(n, 64);
+    if (!p)
+        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk_buffer_alloc: cannot allocate %zu bytes of host memory", n);
+    *out = p;
+    return LMK_OK;
+}
+
+static void cpu_mem_free(lmk_device *dev, void *p)
+{
+    (void)dev;
+    lmk_host_free(p);
+}
+
+static lmk_status cpu_mem_copy(lmk_device *dev, void *dst, const void *src, size_t n)
+{
+    (void)dev;
+    if (n) /* memcpy with a NULL pointer is undefined even for 0 bytes */
+        memcpy(dst, src, n);
+    return LMK_OK;
+}
+
+/* ---- streams: the pool ---- */
+
+/* Waiting first spins for about this many pause instructions (tens of microseconds) before
+ * sleeping. Waking a sleeping thread costs 10-30 us on a VM (the idle vCPU must be rescheduled by
+ * the host), longer than a whole op of a few hundred KB; ops of a prefill follow each other
+ * closely, so a worker that has just finished usually finds the next job while still spinning. */
+#define SPIN_PAUSES 256
+
+static inline void cpu_pause(void)
+{
+#if LMK_CPU_X86
+    _mm_pause();
+#endif
+}
+
+static void *worker_main(void *arg)
+{
+    cpu_worker *w = arg;
+    cpu_pool *p = w->pool;
+    unsigned long seen = 0;
+    for (;;) {
+        unsigned long g = atomic_load_explicit(&p->gen, memory_order_acquire);
+        for (int i = 0; g == seen && i < SPIN_PAUSES; i++) {
+            cpu_pause();
+            g = atomic_load_explicit(&p->gen, memory_order_acquire);
+        }
+        if (g == seen) {
+            /* The publisher bumps gen before taking mu to broadcast, so checking it again under mu
+             * cannot miss a job. */
+            pthread_mutex_lock(&p->mu);
+            while (!p->quit && (g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen)
+                pthread_cond_wait(&p->wake, &p->mu);
+            const int quit = p->quit;
+            pthread_mutex_unlock(&p->mu);
+            if (quit)
+                return NULL;
+        }
+        seen = g;
+        p->task(p->ctx, w->tid, p->n_threads);
+        if (atomic_fetch_sub_explicit(&p->busy, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&p->mu); /* the caller may be asleep on done */
+            pthread_cond_signal(&p->done);
+            pthread_mutex_unlock(&p->mu);
+        }
+    }
+}
+
+/* Stops and joins the started workers, then frees the pool. Used by destroy and by rollback. */
+static void pool_free(cpu_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    p->quit = 1;
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->n_started; i++)
+        pthread_join(p->workers[i].thread, NULL);
+    pthread_cond_destroy(&p->done);
+    pthread_cond_destroy(&p->wake);
+    pthread_mutex_destroy(&p->mu);
+    lmk_host_free(p);
+}
+
+static lmk_status cpu_stream_create(lmk_stream *s)
+{
+    static const char fn[] = "lmk_stream_create";
+    const cpu_device *cd = s->dev->impl;
+    const int n = s->dev->n_threads >= 1 ? s->dev->n_threads : 1;
+    cpu_pool *p = lmk_host_calloc(sizeof *p + (size_t)(n - 1) * sizeof(cpu_worker), 64);
+    if (!p)
+        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "%s: out of host memory for a pool of %d threads", fn, n);
+    p->isa = cd->isa;
+    p->n_threads = n;
+    if (pthread_mutex_init(&p->mu, NULL) != 0) {
+        lmk_host_free(p);
+        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "%s: cannot create the pool's mutex", fn);
+    }
+    if (pthread_cond_init(&p->wake, NULL) != 0) {
+        pthread_mutex_destroy(&p->mu);
+        lmk_host_free(p);
+        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "%s: cannot create the pool's condition variable", fn);
+    }
+    if (pthread_cond_init(&p->done, NULL) != 0) {
+        pthread_cond_destroy(&p->wake);
+        pthread_mutex_destroy(&p->mu);
+        lmk_host_free(p);
+        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "%s: cannot create the pool's condition variable", fn);
+    }
+    /* Workers block every signal, so the application's handlers run on its own threads. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int err = 0;
+    for (int i = 0; i < n - 1 && !err; i++) {
+        p->workers[i] = (cpu_worker){.pool = p, .tid = i + 1};
+        err = pthread_create(&p->workers[i].thread, NULL, worker_main, &p->workers[i]);
+        if (!err)
+            p->n_started++;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (err) {
+        const int started = p->n_started;
+        pool_free(p);
+        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "%s: cannot start worker thread %d of %d (error %d)", fn, started + 1,
+                        n - 1, err);
+    }
+    s->impl = p;
+    return LMK_OK;
+}
+
+static lmk_status cpu_stream_sync(lmk_stream *s)
+{
+    (void)s; /* every op ran to completion before its call returned */
+    return LMK_OK;
+}
+
+static void cpu_stream_destroy(lmk_stream *s)
+{
+    pool_free(s->impl);
+    s->impl = NULL;
+}
+
+void lmk_cpu_parallel(lmk_stream *s, size_t bytes, lmk_cpu_task task, void *ctx)
+{
+    cpu_pool *p = s->impl;
+    const int n = p->n_threads;
+    if (n == 1 || bytes < LMK_CPU_PARALLEL_MIN_BYTES) {
+        task(ctx, 0, 1);
+        return;
+    }
+    /* Only this thread writes the job fields, and no worker reads them until gen moves (the
+     * previous job ended with busy == 0, so every worker is done with it). */
+    p->task = task;
+    p->ctx = ctx;
+    atomic_store_explicit(&p->busy, n - 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+    pthread_mutex_lock(&p->mu);
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+
+    task(ctx, 0, n);
+
+    for (int i = 0; atomic_load_explicit(&p->busy, memory_order_acquire) && i < SPIN_PAUSES; i++)
+        cpu_pause();
+    if (atomic_load_explicit(&p->busy, memory_order_acquire)) {
+        pthread_mutex_lock(&p->mu);
+        while (atomic_load_explicit(&p->busy, memory_order_acquire))
+            pthread_cond_wait(&p->done, &p->mu);
+        pthread_mutex_unlock(&p->mu);
+    }
+}
+
+const lmk_backend_ops lmk_cpu_backend = {
+    .name = "cpu",
+    .device_open = cpu_device_open,
+    .device_close = cpu_device_close,
+    .mem_alloc = cpu_mem_alloc,
+    .mem_free = cpu_mem_free,
+    .mem_write = cpu_mem_copy,
+    .mem_read = cpu_mem_copy,
+    .stream_create = cpu_stream_create,
+    .stream_sync = cpu_stream_sync,
+    .stream_destroy = cpu_stream_destroy,
+    .repeat_tiled = lmk_cpu_repeat_tiled,
+    .rope_multi = lmk_cpu_rope_multi,
+};

@@ -1,0 +1,110 @@
+/*
+ * cpu.h - what the files of the CPU backend share: the instruction-set level chosen at device
+ * open, the per-stream thread pool that runs an op's work, and the streaming (non-temporal) copy
+ * both ops use for outputs too large to be worth keeping in cache.
+ *
+ * Backend layout: backend.c (vtable, device, memory, streams and their pools), repeat_tiled.c,
+ * rope_multi.c. An op splits its work into n_threads deterministic shares (each output element is
+ * computed by a fixed formula from the inputs alone, so the split never changes a result bit) and
+ * hands one task function to lmk_cpu_parallel, which runs share 0 on the calling thread and the
+ * others on the stream's workers, returning when all are done.
+ */
+#ifndef LMK_CPU_H
+#define LMK_CPU_H
+
+#include "core/internal.h"
+
+#include <string.h>
+
+/* -DLMK_CPU_PORTABLE builds only the portable C paths, as on a non-x86 machine. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(LMK_CPU_PORTABLE)
+#define LMK_CPU_X86 1
+#include <immintrin.h>
+/* Functions that use AVX2/AVX-512 carry their own target, so the rest of the library keeps the
+ * baseline ISA and the choice is made at run time (device open). */
+#define LMK_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define LMK_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+#define LMK_INLINE static inline __attribute__((always_inline))
+#else
+#define LMK_CPU_X86 0
+#endif
+
+/* Instruction-set levels, best last. The environment variable LMK_CPU_ISA ("scalar", "avx2",
+ * "avx512") caps the level at device open, so tests can reach every path on one machine. */
+typedef enum lmk_cpu_isa { LMK_CPU_SCALAR = 0, LMK_CPU_AVX2 = 1, LMK_CPU_AVX512 = 2 } lmk_cpu_isa;
+
+/* Outputs of at least this many bytes are written with streaming stores when aligned: they could
+ * not stay in L2/L3 anyway, and streaming stores skip the read-for-ownership of every destination
+ * line, which is a third of the traffic of a plain copy. Smaller outputs stay cached for the next
+ * op. (The host L3 size that sysconf reports is unreliable in VMs: 320 MB on the 32 MB dev box.) */
+#define LMK_CPU_STREAM_MIN_BYTES ((size_t)4 << 20)
+
+/* Ops that move fewer bytes than this run on the calling thread alone: waking workers costs a few
+ * microseconds, which is all a small op (a decode step) takes. */
+#define LMK_CPU_PARALLEL_MIN_BYTES ((size_t)256 << 10)
+
+/* One share of an op: called once per thread with tid in [0, n_threads). */
+typedef void (*lmk_cpu_task)(void *ctx, int tid, int n_threads);
+
+/* Runs task on the stream's pool (or the calling thread alone when `bytes` is small) and returns
+ * when every share has finished. Never allocates. */
+void lmk_cpu_parallel(lmk_stream *s, size_t bytes, lmk_cpu_task task, void *ctx);
+
+/* The ISA level of the stream's device. */
+lmk_cpu_isa lmk_cpu_stream_isa(const lmk_stream *s);
+
+lmk_status lmk_cpu_repeat_tiled(lmk_stream *s, const lmk_repeat_args *a);
+lmk_status lmk_cpu_rope_multi(lmk_stream *s, const lmk_rope_args *a);
+
+/* The contiguous share [lo, hi) of n items for thread tid of nth, with lo and hi multiples of
+ * `grain` (except hi == n). Depends only on (n, tid, nth, grain). */
+static inline void lmk_cpu_share(size_t n, int tid, int nth, size_t grain, size_t *lo, size_t *hi)
+{
+    size_t per = (n / (size_t)nth + grain - 1) / grain * grain;
+    if (per == 0)
+        per = grain;
+    const size_t a = per * (size_t)tid, b = a + per;
+    *lo = a < n ? a : n;
+    *hi = b < n && tid + 1 < nth ? b : n;
+}
+
+/* Copies n bytes with streaming stores: dst must be 16-byte aligned and n a multiple of 16.
+ * SSE2 is part of x86-64, so this needs no dispatch; wider vectors were measured no faster (the
+ * memory bus is the limit). Other architectures use memcpy. The caller issues the store fence
+ * (lmk_cpu_stream_fence) once after its last streaming store. */
+static inline void lmk_cpu_stream_copy(void *dst, const void *src, size_t n)
+{
+#if LMK_CPU_X86
+    unsigned char *d = dst;
+    const unsigned char *s = src;
+    /* 16-byte steps up to the next cache line, so the main loop fills whole lines. */
+    while (n >= 16 && ((uintptr_t)d & 63)) {
+        _mm_stream_si128((__m128i *)(void *)d, _mm_loadu_si128((const __m128i *)(const void *)s));
+        d += 16, s += 16, n -= 16;
+    }
+    for (; n >= 64; d += 64, s += 64, n -= 64) {
+        const __m128i x0 = _mm_loadu_si128((const __m128i *)(const void *)s);
+        const __m128i x1 = _mm_loadu_si128((const __m128i *)(const void *)(s + 16));
+        const __m128i x2 = _mm_loadu_si128((const __m128i *)(const void *)(s + 32));
+        const __m128i x3 = _mm_loadu_si128((const __m128i *)(const void *)(s + 48));
+        _mm_stream_si128((__m128i *)(void *)d, x0);
+        _mm_stream_si128((__m128i *)(void *)(d + 16), x1);
+        _mm_stream_si128((__m128i *)(void *)(d + 32), x2);
+        _mm_stream_si128((__m128i *)(void *)(d + 48), x3);
+    }
+    for (; n >= 16; d += 16, s += 16, n -= 16)
+        _mm_stream_si128((__m128i *)(void *)d, _mm_loadu_si128((const __m128i *)(const void *)s));
+#else
+    memcpy(dst, src, n);
+#endif
+}
+
+/* Orders this thread's streaming stores before whatever it does next (joining the pool). */
+static inline void lmk_cpu_stream_fence(void)
+{
+#if LMK_CPU_X86
+    _mm_sfence();
+#endif
+}
+
+#endif /* LMK_CPU_H */
