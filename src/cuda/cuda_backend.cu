@@ -1,0 +1,286 @@
+/*
+ * cuda_backend.cu - the CUDA backend's table (lmk_cuda_backend): devices, memory, streams, and
+ * the interop entry points of include/lmk_cuda.h. The op kernels live in repeat_tiled.cu and
+ * rope_multi.cu.
+ *
+ * Rules every function here keeps:
+ *  - Never exit, abort or print: every CUDA failure becomes LMK_ERR_DEVICE (LMK_ERR_OUT_OF_MEMORY
+ *    for cudaErrorMemoryAllocation) with a message naming the function and CUDA's text.
+ *  - The runtime's current device is per host thread, so every entry point makes the handle's
+ *    device current on the calling thread first (a thread-local read when it already is).
+ *  - lmk streams are non-blocking (cudaStreamNonBlocking): they do not serialise with the legacy
+ *    default stream, so a plain cudaMemset/cudaMemcpy could still be in flight when an op on an
+ *    lmk stream starts. Allocation zeroing and host copies therefore run on a private stream
+ *    per device and are waited for before the call returns (they are setup, not ops).
+ *  - A machine without a driver or GPU is normal (CI): lmk_cuda_device_count returns 0 and device
+ *    open returns LMK_ERR_NOT_FOUND, each with the runtime's error cleared.
+ */
+#include "cuda/cuda_internal.h"
+#include "lmk_cuda.h"
+
+#include <cuda_runtime.h>
+#include <stdio.h>
+
+lmk_status lmk_cuda_fail(cudaError_t e, const char *what)
+{
+    (void)cudaGetLastError(); /* clear a non-sticky error so later launch checks don't see it */
+    const lmk_status st = e == cudaErrorMemoryAllocation ? LMK_ERR_OUT_OF_MEMORY : LMK_ERR_DEVICE;
+    return lmk_fail(st, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+int lmk_cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+/* ---- devices ---- */
+
+static lmk_status cuda_device_open(lmk_device *dev, int ordinal)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return lmk_fail(LMK_ERR_NOT_FOUND, "lmk_device_open: no usable CUDA GPU (cudaGetDeviceCount: %s)",
+                        cudaGetErrorString(e));
+    }
+    if (ordinal >= n)
+        return lmk_fail(LMK_ERR_NOT_FOUND, "lmk_device_open: CUDA device %d does not exist (%d found)",
+                        ordinal, n);
+
+    cudaDeviceProp prop;
+    e = cudaGetDeviceProperties(&prop, ordinal);
+    if (e != cudaSuccess)
+        return lmk_cuda_fail(e, "lmk_device_open: cudaGetDeviceProperties");
+    lmk_status st = lmk_cuda_use(ordinal, "lmk_device_open: cudaSetDevice");
+    if (st != LMK_OK)
+        return st;
+
+    /* Loading every kernel now keeps module loading out of ops (and out of graph captures), and
+     * a GPU this build has no code for fails here, once, with a clear message. */
+    e = lmk_cuda_repeat_preload();
+    if (e == cudaSuccess)
+        e = lmk_cuda_rope_preload();
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction ||
+            e == cudaErrorUnsupportedPtxVersion)
+            return lmk_fail(LMK_ERR_UNSUPPORTED,
+                            "lmk_device_open: %s (sm_%d%d) is not supported by this build of lmk: %s",
+                            prop.name, prop.major, prop.minor, cudaGetErrorString(e));
+        return lmk_cuda_fail(e, "lmk_device_open: loading kernels");
+    }
+
+    lmk_cuda_device *d = (lmk_cuda_device *)lmk_host_calloc(sizeof *d, 0);
+    if (!d)
+        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk_device_open: out of host memory");
+    d->ordinal = ordinal;
+    d->sm_count = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
+    d->cc_major = prop.major;
+    d->cc_minor = prop.minor;
+    e = cudaStreamCreateWithFlags(&d->setup, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        lmk_host_free(d);
+        return lmk_cuda_fail(e, "lmk_device_open: cudaStreamCreateWithFlags");
+    }
+    dev->impl = d;
+    /* The marketing name is cut to 96 characters so the suffix always fits dev->name. */
+    snprintf(dev->name, sizeof dev->name, "%.96s (sm_%d%d, %d SMs)", prop.name, prop.major % 100,
+             prop.minor % 100, prop.multiProcessorCount % 100000);
+    return LMK_OK;
+}
+
+static void cuda_device_close(lmk_device *dev)
+{
+    lmk_cuda_device *d = lmk_cuda_dev(dev);
+    if (!d)
+        return;
+    if (lmk_cuda_use(d->ordinal, "lmk_device_close") == LMK_OK)
+        (void)cudaStreamDestroy(d->setup);
+    (void)cudaGetLastError();
+    lmk_host_free(d);
+    dev->impl = NULL;
+}
+
+/* ---- memory ---- */
+
+static lmk_status cuda_mem_alloc(lmk_device *dev, size_t n, void **out)
+{
+    const lmk_cuda_device *d = lmk_cuda_dev(dev);
+    *out = NULL;
+    if (n == 0)
+        return LMK_OK; /* nothing to hold; mem_free(NULL) is a no-op */
+    lmk_status st = lmk_cuda_use(d->ordinal, "lmk_buffer_alloc: cudaSetDevice");
+    if (st != LMK_OK)
+        return st;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (e == cudaErrorMemoryAllocation)
+            return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk_buffer_alloc: cudaMalloc of %zu bytes: %s", n,
+                            cudaGetErrorString(e));
+        return lmk_cuda_fail(e, "lmk_buffer_alloc: cudaMalloc");
+    }
+    e = cudaMemsetAsync(p, 0, n, d->setup);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(d->setup);
+    if (e != cudaSuccess) {
+        st = lmk_cuda_fail(e, "lmk_buffer_alloc: zero-filling");
+        (void)cudaFree(p);
+        return st;
+    }
+    *out = p;
+    return LMK_OK;
+}
+
+static void cuda_mem_free(lmk_device *dev, void *p)
+{
+    if (!p)
+        return;
+    if (lmk_cuda_use(lmk_cuda_dev(dev)->ordinal, "lmk_buffer_free") == LMK_OK)
+        (void)cudaFree(p);
+    (void)cudaGetLastError();
+}
+
+/* Host <-> device copies: complete when the call returns (see the file comment). */
+static lmk_status cuda_copy(lmk_device *dev, void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+                            const char *what)
+{
+    const lmk_cuda_device *d = lmk_cuda_dev(dev);
+    lmk_status st = lmk_cuda_use(d->ordinal, what);
+    if (st != LMK_OK)
+        return st;
+    cudaError_t e = cudaMemcpyAsync(dst, src, n, kind, d->setup);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(d->setup);
+    return e == cudaSuccess ? LMK_OK : lmk_cuda_fail(e, what);
+}
+
+static lmk_status cuda_mem_write(lmk_device *dev, void *dst, const void *src, size_t n)
+{
+    return cuda_copy(dev, dst, src, n, cudaMemcpyHostToDevice, "lmk_buffer_write: cudaMemcpy");
+}
+
+static lmk_status cuda_mem_read(lmk_device *dev, void *dst, const void *src, size_t n)
+{
+    return cuda_copy(dev, dst, src, n, cudaMemcpyDeviceToHost, "lmk_buffer_read: cudaMemcpy");
+}
+
+/* ---- streams ---- */
+
+static lmk_status cuda_stream_create(lmk_stream *s)
+{
+    const lmk_cuda_device *d = lmk_cuda_dev(s->dev);
+    lmk_status st = lmk_cuda_use(d->ordinal, "lmk_stream_create: cudaSetDevice");
+    if (st != LMK_OK)
+        return st;
+    lmk_cuda_stream *cs = (lmk_cuda_stream *)lmk_host_calloc(sizeof *cs, 0);
+    if (!cs)
+        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk_stream_create: out of host memory");
+    const cudaError_t e = cudaStreamCreateWithFlags(&cs->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        lmk_host_free(cs);
+        return lmk_cuda_fail(e, "lmk_stream_create: cudaStreamCreateWithFlags");
+    }
+    s->impl = cs;
+    s->borrowed = false;
+    return LMK_OK;
+}
+
+static lmk_status cuda_stream_sync(lmk_stream *s)
+{
+    lmk_status st = lmk_cuda_use(lmk_cuda_dev(s->dev)->ordinal, "lmk_stream_sync: cudaSetDevice");
+    if (st != LMK_OK)
+        return st;
+    const cudaError_t e = cudaStreamSynchronize(lmk_cuda_stream_of(s));
+    return e == cudaSuccess ? LMK_OK : lmk_cuda_fail(e, "lmk_stream_sync: cudaStreamSynchronize");
+}
+
+/* Waits for the stream's work (lmk_stream_destroy's contract), then destroys the cudaStream_t
+ * unless it is borrowed. A stream being captured into a graph is not waited for: a synchronize
+ * would invalidate the caller's capture. Errors cannot be reported here; a sticky one stays for
+ * the next call to find. */
+static void cuda_stream_destroy(lmk_stream *s)
+{
+    lmk_cuda_stream *cs = (lmk_cuda_stream *)s->impl;
+    if (!cs)
+        return;
+    if (lmk_cuda_use(lmk_cuda_dev(s->dev)->ordinal, "lmk_stream_destroy") == LMK_OK) {
+        cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+        if (cudaStreamIsCapturing(cs->stream, &cap) == cudaSuccess && cap == cudaStreamCaptureStatusNone)
+            (void)cudaStreamSynchronize(cs->stream);
+        if (!s->borrowed)
+            (void)cudaStreamDestroy(cs->stream);
+    }
+    (void)cudaGetLastError();
+    lmk_host_free(cs);
+    s->impl = NULL;
+}
+
+extern "C" const lmk_backend_ops lmk_cuda_backend = {
+    "cuda",
+    cuda_device_open,
+    cuda_device_close,
+    cuda_mem_alloc,
+    cuda_mem_free,
+    cuda_mem_write,
+    cuda_mem_read,
+    cuda_stream_create,
+    cuda_stream_sync,
+    cuda_stream_destroy,
+    lmk_cuda_repeat_tiled,
+    lmk_cuda_rope_multi,
+};
+
+/* ---- interop (include/lmk_cuda.h) ---- */
+
+lmk_status lmk_stream_wrap_cuda(lmk_device *dev, cudaStream_t stream, lmk_stream **out)
+{
+    if (!dev || !out)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_stream_wrap_cuda: dev and out must not be NULL");
+    if (dev->backend != LMK_BACKEND_CUDA)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_stream_wrap_cuda: device \"%s\" is not a CUDA device",
+                        dev->name);
+    const lmk_cuda_device *d = lmk_cuda_dev(dev);
+    lmk_status st = lmk_cuda_use(d->ordinal, "lmk_stream_wrap_cuda: cudaSetDevice");
+    if (st != LMK_OK)
+        return st;
+    /* A real stream must belong to this device; the special handles (0, cudaStreamLegacy,
+     * cudaStreamPerThread) mean "this thread's default stream of the current device". */
+    if (stream != 0 && stream != cudaStreamLegacy && stream != cudaStreamPerThread) {
+        int sdev = -1;
+        const cudaError_t e = cudaStreamGetDevice(stream, &sdev);
+        if (e != cudaSuccess)
+            return lmk_cuda_fail(e, "lmk_stream_wrap_cuda: cudaStreamGetDevice");
+        if (sdev != d->ordinal)
+            return lmk_fail(LMK_ERR_INVALID_ARGUMENT,
+                            "lmk_stream_wrap_cuda: the stream belongs to CUDA device %d, not %d", sdev,
+                            d->ordinal);
+    }
+    lmk_stream *s = (lmk_stream *)lmk_host_calloc(sizeof *s, 0);
+    lmk_cuda_stream *cs = (lmk_cuda_stream *)lmk_host_calloc(sizeof *cs, 0);
+    if (!s || !cs) {
+        lmk_host_free(s);
+        lmk_host_free(cs);
+        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk_stream_wrap_cuda: out of host memory");
+    }
+    cs->stream = stream;
+    s->dev = dev;
+    s->impl = cs;
+    s->borrowed = true;
+    *out = s;
+    return LMK_OK;
+}
+
+cudaStream_t lmk_stream_cuda_handle(const lmk_stream *s)
+{
+    if (!s || !s->impl || s->dev->backend != LMK_BACKEND_CUDA)
+        return 0;
+    return lmk_cuda_stream_of(s);
+}

@@ -1,0 +1,66 @@
+/*
+ * cuda_internal.h - what the CUDA backend's files share: the device and stream state behind
+ * lmk_device.impl / lmk_stream.impl, the "make this device current" helper every entry point calls,
+ * the error helper that turns a cudaError_t into an lmk status, and the op launchers that the
+ * backend table in cuda_backend.cu points at. C++ (nvcc) only.
+ */
+#ifndef LMK_CUDA_INTERNAL_H
+#define LMK_CUDA_INTERNAL_H
+
+#include "core/internal.h"
+
+#include <cuda_runtime_api.h>
+
+/* lmk_device.impl of a CUDA device. */
+typedef struct lmk_cuda_device {
+    int ordinal;
+    int sm_count;          /* sizes the grids: grid-stride kernels launch a few blocks per SM */
+    int cc_major, cc_minor;
+    cudaStream_t setup;    /* private non-blocking stream for alloc zeroing and host copies */
+} lmk_cuda_device;
+
+/* lmk_stream.impl of a CUDA stream, created or borrowed (lmk_stream.borrowed). */
+typedef struct lmk_cuda_stream {
+    cudaStream_t stream;
+} lmk_cuda_stream;
+
+static inline lmk_cuda_device *lmk_cuda_dev(const lmk_device *dev)
+{
+    return (lmk_cuda_device *)dev->impl;
+}
+
+static inline cudaStream_t lmk_cuda_stream_of(const lmk_stream *s)
+{
+    return ((const lmk_cuda_stream *)s->impl)->stream;
+}
+
+/* Turns a failed CUDA call into LMK_ERR_DEVICE (LMK_ERR_OUT_OF_MEMORY for cudaErrorMemoryAllocation)
+ * with "<what>: <CUDA's text> (<CUDA's name>)". It also reads and clears the runtime's per-thread
+ * last error, so a non-sticky failure does not resurface at the next launch check. A sticky error
+ * (an illegal address, say) cannot be cleared: every later call reports it again. */
+LMK_INTERNAL lmk_status lmk_cuda_fail(cudaError_t e, const char *what);
+
+/* Makes `ordinal` the calling thread's current device. cudaGetDevice is a thread-local read, so the
+ * common case (already current) costs no driver call. */
+static inline lmk_status lmk_cuda_use(int ordinal, const char *what)
+{
+    int cur = -1;
+    cudaError_t e = cudaGetDevice(&cur);
+    if (e == cudaSuccess && cur == ordinal)
+        return LMK_OK;
+    e = cudaSetDevice(ordinal);
+    return e == cudaSuccess ? LMK_OK : lmk_cuda_fail(e, what);
+}
+
+/* Op launchers (repeat_tiled.cu, rope_multi.cu): arguments are validated, pointers are device
+ * memory of s->dev. Each enqueues exactly one kernel on the stream and checks the launch. */
+LMK_INTERNAL lmk_status lmk_cuda_repeat_tiled(lmk_stream *s, const lmk_repeat_args *a);
+LMK_INTERNAL lmk_status lmk_cuda_rope_multi(lmk_stream *s, const lmk_rope_args *a);
+
+/* Loads every kernel instantiation of a file into the current device's context (device open calls
+ * these), so no launch, captured or not, pays for lazy module loading, and a GPU that this build
+ * has no code for is reported at open rather than at the first op. */
+LMK_INTERNAL cudaError_t lmk_cuda_repeat_preload(void);
+LMK_INTERNAL cudaError_t lmk_cuda_rope_preload(void);
+
+#endif /* LMK_CUDA_INTERNAL_H */

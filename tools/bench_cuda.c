@@ -1,0 +1,230 @@
+/*
+ * bench_cuda.c - device timing for `lmk bench` on CUDA devices: cudaEvent medians (optionally of
+ * CUDA-graph replays, which strip launch gaps), the device-to-device copy ceiling, and the host cost
+ * of one op call. Built only with the CUDA backend (the build drops tools/ *_cuda.c otherwise).
+ *
+ * Method (the numbers must mean what they say): warm up first, so module loading and first-touch
+ * costs stay out; take many samples and report the median, which one slow sample cannot move; time
+ * on the op's own stream with events, so no host clock or launch latency enters a device time. The
+ * copy ceiling rotates among buffers larger than L2 together, so it measures DRAM, like the ops
+ * whose prefill shapes are far larger than L2.
+ */
+#include "bench_cuda.h"
+#include "core/internal.h"
+#include "lmk_cuda.h"
+
+#include <stdlib.h>
+#include <time.h>
+
+static lmk_status cuda_err(cudaError_t e, const char *what)
+{
+    (void)cudaGetLastError();
+    return lmk_fail(e == cudaErrorMemoryAllocation ? LMK_ERR_OUT_OF_MEMORY : LMK_ERR_DEVICE, "%s: %s (%s)", what,
+                    cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+/* Checks that s is a CUDA stream, makes its device current and returns its cudaStream_t. */
+static lmk_status bench_stream(lmk_stream *s, const char *fn, cudaStream_t *h)
+{
+    if (!s || lmk_device_backend(lmk_stream_device(s)) != LMK_BACKEND_CUDA)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: s must be a CUDA stream", fn);
+    int cur = -1;
+    const int want = s->dev->ordinal;
+    if (cudaGetDevice(&cur) != cudaSuccess || cur != want) {
+        const cudaError_t e = cudaSetDevice(want);
+        if (e != cudaSuccess)
+            return cuda_err(e, fn);
+    }
+    *h = lmk_stream_cuda_handle(s);
+    return LMK_OK;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median of n samples (sorts them). */
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof v[0], cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static double host_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+lmk_status lmk_bench_cuda_time(lmk_stream *s, lmk_status (*fn)(void *ctx), void *ctx, int warmup, int reps,
+                               int inner, int use_graph, double *median_s)
+{
+    static const char *const me = "lmk_bench_cuda_time";
+    cudaStream_t h = 0;
+    lmk_status st = bench_stream(s, me, &h);
+    if (st != LMK_OK)
+        return st;
+    if (!fn || !median_s || warmup < 0 || reps < 1 || inner < 1)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: fn, median_s must be set, warmup >= 0, reps and inner >= 1",
+                        me);
+    if (use_graph && (h == 0 || h == cudaStreamLegacy))
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: the legacy default stream cannot be captured into a graph",
+                        me);
+
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaEvent_t ev[2] = {NULL, NULL};
+    double *samples = malloc((size_t)reps * sizeof *samples);
+    cudaError_t e = cudaSuccess;
+    if (!samples)
+        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "%s: out of host memory", me);
+
+    for (int i = 0; i < warmup && st == LMK_OK; i++)
+        st = fn(ctx);
+    if (st != LMK_OK)
+        goto done;
+    if (use_graph) {
+        if ((e = cudaStreamBeginCapture(h, cudaStreamCaptureModeThreadLocal)) != cudaSuccess) {
+            st = cuda_err(e, "lmk_bench_cuda_time: cudaStreamBeginCapture");
+            goto done;
+        }
+        for (int i = 0; i < inner && st == LMK_OK; i++)
+            st = fn(ctx);
+        e = cudaStreamEndCapture(h, &graph); /* ends the capture even when fn failed */
+        if (st != LMK_OK)
+            goto done;
+        if (e != cudaSuccess) {
+            st = cuda_err(e, "lmk_bench_cuda_time: cudaStreamEndCapture");
+            goto done;
+        }
+        if ((e = cudaGraphInstantiate(&exec, graph, 0)) != cudaSuccess ||
+            (e = cudaGraphLaunch(exec, h)) != cudaSuccess) { /* one untimed replay: upload and warm */
+            st = cuda_err(e, "lmk_bench_cuda_time: cudaGraphInstantiate/Launch");
+            goto done;
+        }
+    }
+    if ((e = cudaEventCreate(&ev[0])) != cudaSuccess || (e = cudaEventCreate(&ev[1])) != cudaSuccess ||
+        (e = cudaStreamSynchronize(h)) != cudaSuccess) {
+        st = cuda_err(e, "lmk_bench_cuda_time: warm-up");
+        goto done;
+    }
+    for (int r = 0; r < reps; r++) {
+        if ((e = cudaEventRecord(ev[0], h)) != cudaSuccess)
+            break;
+        if (use_graph) {
+            if ((e = cudaGraphLaunch(exec, h)) != cudaSuccess)
+                break;
+        } else {
+            for (int i = 0; i < inner && st == LMK_OK; i++)
+                st = fn(ctx);
+            if (st != LMK_OK)
+                goto done;
+        }
+        float ms = 0;
+        if ((e = cudaEventRecord(ev[1], h)) != cudaSuccess || (e = cudaEventSynchronize(ev[1])) != cudaSuccess ||
+            (e = cudaEventElapsedTime(&ms, ev[0], ev[1])) != cudaSuccess)
+            break;
+        samples[r] = 1e-3 * (double)ms / inner;
+    }
+    if (e != cudaSuccess) {
+        st = cuda_err(e, "lmk_bench_cuda_time: timing");
+        goto done;
+    }
+    *median_s = median(samples, reps);
+done:
+    if (exec)
+        (void)cudaGraphExecDestroy(exec);
+    if (graph)
+        (void)cudaGraphDestroy(graph);
+    for (int i = 0; i < 2; i++)
+        if (ev[i])
+            (void)cudaEventDestroy(ev[i]);
+    free(samples);
+    return st;
+}
+
+lmk_status lmk_bench_cuda_copy_ceiling(lmk_stream *s, size_t bytes, double *bytes_per_s)
+{
+    static const char *const me = "lmk_bench_cuda_copy_ceiling";
+    enum { MAX_SETS = 64, REPS = 31 };
+    cudaStream_t h = 0;
+    lmk_status st = bench_stream(s, me, &h);
+    if (st != LMK_OK)
+        return st;
+    if (!bytes_per_s || bytes == 0)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: bytes_per_s must be set and bytes > 0", me);
+
+    int l2 = 0;
+    (void)cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, s->dev->ordinal);
+    size_t sets = (4 * (size_t)(l2 > 0 ? l2 : 0) + 2 * bytes - 1) / (2 * bytes);
+    sets = sets < 1 ? 1 : sets > MAX_SETS ? MAX_SETS : sets;
+
+    void *src[MAX_SETS] = {0}, *dst[MAX_SETS] = {0};
+    cudaEvent_t ev[2] = {NULL, NULL};
+    double samples[REPS];
+    cudaError_t e = cudaSuccess;
+    for (size_t i = 0; i < sets && e == cudaSuccess; i++) {
+        if ((e = cudaMalloc(&src[i], bytes)) == cudaSuccess && (e = cudaMalloc(&dst[i], bytes)) == cudaSuccess)
+            e = cudaMemsetAsync(src[i], 0x5a, bytes, h); /* never time copies of untouched pages */
+    }
+    const int warmup = sets < 3 ? 3 : (int)sets; /* every pair copied once before timing */
+    if (e == cudaSuccess && (e = cudaEventCreate(&ev[0])) == cudaSuccess && (e = cudaEventCreate(&ev[1])) == cudaSuccess) {
+        for (int r = -warmup; r < REPS && e == cudaSuccess; r++) {
+            const size_t i = (size_t)(r + warmup) % sets;
+            float ms = 0;
+            if ((e = cudaEventRecord(ev[0], h)) == cudaSuccess &&
+                (e = cudaMemcpyAsync(dst[i], src[i], bytes, cudaMemcpyDeviceToDevice, h)) == cudaSuccess &&
+                (e = cudaEventRecord(ev[1], h)) == cudaSuccess && (e = cudaEventSynchronize(ev[1])) == cudaSuccess &&
+                (e = cudaEventElapsedTime(&ms, ev[0], ev[1])) == cudaSuccess && r >= 0)
+                samples[r] = 1e-3 * (double)ms;
+        }
+    }
+    if (e != cudaSuccess)
+        st = cuda_err(e, "lmk_bench_cuda_copy_ceiling");
+    else
+        *bytes_per_s = 2.0 * (double)bytes / median(samples, REPS);
+    for (size_t i = 0; i < sets; i++) {
+        if (src[i])
+            (void)cudaFree(src[i]);
+        if (dst[i])
+            (void)cudaFree(dst[i]);
+    }
+    for (int i = 0; i < 2; i++)
+        if (ev[i])
+            (void)cudaEventDestroy(ev[i]);
+    return st;
+}
+
+lmk_status lmk_bench_cuda_host_cost(lmk_stream *s, lmk_status (*fn)(void *ctx), void *ctx, int calls,
+                                    double *median_s)
+{
+    static const char *const me = "lmk_bench_cuda_host_cost";
+    cudaStream_t h = 0;
+    lmk_status st = bench_stream(s, me, &h);
+    if (st != LMK_OK)
+        return st;
+    if (!fn || !median_s || calls < 1)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: fn and median_s must be set and calls >= 1", me);
+    double *samples = malloc((size_t)calls * sizeof *samples);
+    if (!samples)
+        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "%s: out of host memory", me);
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; i < calls && st == LMK_OK && e == cudaSuccess; i++) {
+        if (i % 64 == 0 && (e = cudaStreamSynchronize(h)) != cudaSuccess)
+            break;
+        const double t0 = host_now();
+        st = fn(ctx);
+        samples[i] = host_now() - t0;
+    }
+    if (st == LMK_OK && e == cudaSuccess)
+        e = cudaStreamSynchronize(h);
+    if (st == LMK_OK && e != cudaSuccess)
+        st = cuda_err(e, "lmk_bench_cuda_host_cost: cudaStreamSynchronize");
+    if (st == LMK_OK)
+        *median_s = median(samples, calls);
+    free(samples);
+    return st;
+}
