@@ -289,8 +289,9 @@ LMK_API lmk_status lmk_rope_multi(lmk_stream *s, const lmk_buffer *input, lmk_bu
  * lmk_rope_multi(q_in -> q_out) with p->n_heads heads and lmk_rope_multi(k_in -> k_out) with
  * n_k_heads heads, sharing the positions and every other parameter, with angles computed once per
  * (token, pair). Each of q and k may be in place. Errors as lmk_rope_multi (messages start "rope_multi_qk:" and
- * say "q" or "k" where a rule concerns one tensor), and INVALID_ARGUMENT when n_k_heads is 0, q and k dtypes differ, or any
- * two of the q and k buffers overlap other than a buffer with its own output. */
+ * say "q" or "k" where a rule concerns one tensor), and INVALID_ARGUMENT when n_k_heads is 0, q and k dtypes differ, or an output
+ * shares memory with any other operand (an output may equal its own input exactly: in place). The
+ * inputs may overlap each other, since they are only read. */
 LMK_API lmk_status lmk_rope_multi_qk(lmk_stream *s, const lmk_buffer *q_in, lmk_buffer *q_out,
                                      const lmk_buffer *k_in, lmk_buffer *k_out,
                                      const lmk_buffer *positions, const lmk_rope_multi_params *p,
