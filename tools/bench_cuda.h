@@ -22,7 +22,7 @@ lmk_status lmk_bench_cuda_time(lmk_stream *s, lmk_status (*fn)(void *ctx), void 
                                int warmup, int reps, int inner, int use_graph, double *median_s);
 
 /* Device-to-device copy ceiling: median bytes/s (read+write counted) of cudaMemcpyAsync of `bytes`
-   bytes. The copies rotate among enough source/destination pairs that together they exceed four
+   bytes, timed as a graph replay of back-to-back copies like the ops. The copies rotate among enough source/destination pairs that together they exceed four
    times the L2 cache, so the figure is DRAM's and not the cache's. Errors: INVALID_ARGUMENT (NULL
    s/bytes_per_s, bytes 0, non-CUDA stream); OUT_OF_MEMORY; DEVICE. */
 lmk_status lmk_bench_cuda_copy_ceiling(lmk_stream *s, size_t bytes, double *bytes_per_s);

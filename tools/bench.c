@@ -1,0 +1,792 @@
+/*
+ * bench.c - `lmk bench`: each op at Qwen3.5-27B shapes, timed against a copy ceiling of the same run.
+ *
+ * Every case declares the bytes it must move (inputs read once, outputs written once, positions)
+ * and reports them per second next to the bandwidth of a plain copy of as many bytes, measured on
+ * the same device with the same threads: the fraction says how close the op comes to the memory
+ * system's limit. docs/bench.md explains the columns.
+ *
+ * Cold memory: a case whose buffers would stay in the last-level cache between calls runs on
+ * several copies of them, used in turn, so that every call reads from and writes to memory, as in
+ * a real model step. Cases too small for that (decode, T = 1) run hot on one set and say so.
+ * CPU times are the median over calls of clock time around one synchronous call; CUDA times come
+ * from events (tools/bench_cuda.c), replayed from a CUDA graph to keep launch gaps out.
+ */
+#include "tool.h"
+
+#ifdef LMK_WITH_CUDA
+#include "bench_cuda.h"
+#endif
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_SETS 64
+#define MAX_T_LIST 16
+#define CPU_CACHE_BYTES ((size_t)32 << 20) /* the dev box's L3; sysconf's figure is wrong in VMs */
+#define GPU_CACHE_BYTES ((size_t)64 << 20) /* above the 50 MB L2 of an H100/H200 */
+#define POOL_ELEMS ((size_t)2 << 20)       /* random elements tiled over every input */
+#define CPU_MIN_SAMPLES 5
+#define CPU_MIN_SAMPLE_S 20e-6
+#define CPU_MAX_SAMPLES 2000
+#define CPU_BUDGET_S 0.25 /* per measurement: enough calls for a stable median, 60 s for the run */
+#define CUDA_REPS 20
+
+/* Qwen3.5/3.6-27B: full attention Q 24 and K 4 heads of head_dim 256 (rope_dim 64), and the Gated
+ * DeltaNet q/k broadcast from 16 heads to 48 (27B) or 32 (4B/9B/35B-A3B), K = 128. */
+#define Q_HEADS 24
+#define K_HEADS 4
+#define HEAD_DIM 256
+#define ROPE_DIM 64
+
+enum { OP_ROPE, OP_ROPE_QK, OP_REPEAT };
+
+typedef struct bench_case {
+    char name[32];
+    int op;
+    lmk_dtype dtype;
+    uint32_t T;
+    uint32_t n_heads, n_k_heads; /* rope */
+    bool in_place;               /* rope, one tensor */
+    uint32_t hg, h;              /* repeat (K = 128) */
+} bench_case;
+
+typedef struct bench_result {
+    double bytes;      /* bytes the op must move per call */
+    int n_sets;
+    bool in_cache;
+    double time_s, ceiling_bps, host_s; /* host_s: CUDA T = 1 only, else 0 */
+    int samples;
+} bench_result;
+
+/* What one timed call needs: n_sets copies of a case's buffers, used in turn. */
+typedef struct bench_run {
+    lmk_stream *s;
+    const bench_case *bc;
+    lmk_rope_multi_params rope;
+    lmk_repeat_tiled_params repeat;
+    int n_sets, next;
+    lmk_buffer *in[MAX_SETS][2], *out[MAX_SETS][2], *pos[MAX_SETS];
+} bench_run;
+
+typedef struct bench_opts {
+    lmk_backend backend;
+    int op;          /* 0 repeat, 1 rope, 2 all */
+    int dtype;       /* 0 f32, 1 bf16, 2 all */
+    uint32_t T[MAX_T_LIST];
+    int n_T;
+    int threads;     /* 0: the device default */
+    int iters;       /* 0: adaptive */
+    bool json;
+} bench_opts;
+
+/* ---- the bytes of a case ---- */
+
+static size_t tensor_bytes(const bench_case *bc, uint32_t heads)
+{
+    return (size_t)bc->T * heads * HEAD_DIM * lmk_dtype_size(bc->dtype);
+}
+
+/* The bytes the op must move. Out of place: every input read and every output written once, and
+ * the positions. In place only the rotated elements are read and written: the rest of each row
+ * stays where it is. Repeat: src read once, dst written once. */
+static double case_bytes(const bench_case *bc)
+{
+    const double pos = 4.0 * bc->T * sizeof(int32_t), es = (double)lmk_dtype_size(bc->dtype);
+    switch (bc->op) {
+    case OP_ROPE:
+        if (bc->in_place)
+            return 2.0 * bc->T * bc->n_heads * ROPE_DIM * es + pos;
+        return 2.0 * (double)tensor_bytes(bc, bc->n_heads) + pos;
+    case OP_ROPE_QK:
+        return 2.0 * (double)(tensor_bytes(bc, bc->n_heads) + tensor_bytes(bc, bc->n_k_heads)) + pos;
+    default:
+        return (double)bc->T * (bc->hg + bc->h) * 128 * es;
+    }
+}
+
+/* How many buffer sets to rotate through: one when a set alone is twice the cache, else enough to
+ * be twice the cache together; one (hot, reported "in cache") when even MAX_SETS would not do. */
+static int choose_sets(double touched, size_t cache, bool *in_cache)
+{
+    *in_cache = false;
+    if (touched >= 2.0 * (double)cache)
+        return 1;
+    const double n = ceil(2.0 * (double)cache / touched);
+    if (n > MAX_SETS) {
+        *in_cache = true;
+        return 1;
+    }
+    return n < 2 ? 2 : (int)n;
+}
+
+/* ---- random inputs ---- */
+
+/* Fills a buffer from a random pool of its dtype, starting at a random place in the pool. */
+static lmk_status fill_from_pool(lmk_buffer *b, const unsigned char *pool, size_t pool_bytes, tool_rng *rng)
+{
+    const size_t n = lmk_buffer_byte_len(b), es = lmk_dtype_size(lmk_buffer_dtype(b));
+    size_t from = (size_t)(tool_rng_next(rng) % (pool_bytes / es)) * es;
+    lmk_status st = LMK_OK;
+    for (size_t at = 0; at < n && st == LMK_OK;) {
+        const size_t len = n - at < pool_bytes - from ? n - at : pool_bytes - from;
+        st = lmk_buffer_write(b, at, pool + from, len);
+        at += len;
+        from = 0;
+    }
+    return st;
+}
+
+/* Text positions (all four axes the token's index) after a random start, as in a prefill that
+ * continues a conversation. */
+static lmk_status fill_positions(lmk_buffer *b, uint32_t T, tool_rng *rng)
+{
+    int32_t *pos = malloc(4 * (size_t)T * sizeof *pos);
+    if (!pos)
+        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk bench: out of host memory for %u positions", 4 * T);
+    const int32_t start = 1 + (int32_t)(tool_rng_next(rng) % 100000);
+    for (size_t a = 0; a < 4; a++)
+        for (uint32_t i = 0; i < T; i++)
+            pos[a * T + i] = start + (int32_t)i;
+    const lmk_status st = lmk_buffer_write(b, 0, pos, 4 * (size_t)T * sizeof *pos);
+    free(pos);
+    return st;
+}
+
+static void run_free(bench_run *r)
+{
+    for (int i = 0; i < MAX_SETS; i++) {
+        for (int j = 0; j < 2; j++) {
+            if (r->out[i][j] != r->in[i][j])
+                lmk_buffer_free(r->out[i][j]);
+            lmk_buffer_free(r->in[i][j]);
+            r->in[i][j] = r->out[i][j] = NULL;
+        }
+        lmk_buffer_free(r->pos[i]);
+        r->pos[i] = NULL;
+    }
+}
+
+static lmk_status alloc_tensor(lmk_device *dev, lmk_dtype dt, size_t d0, size_t d1, size_t d2, lmk_buffer **out)
+{
+    const size_t shape[3] = {d0, d1, d2};
+    return lmk_buffer_alloc(dev, d0 * d1 * d2 * lmk_dtype_size(dt), dt, shape, 3, out);
+}
+
+/* Allocates and fills run->n_sets sets of the case's buffers. */
+static lmk_status run_setup(bench_run *r, lmk_device *dev, const unsigned char *pool, size_t pool_bytes,
+                            tool_rng *rng)
+{
+    const bench_case *bc = r->bc;
+    lmk_status st = LMK_OK;
+    for (int i = 0; i < r->n_sets && st == LMK_OK; i++) {
+        if (bc->op == OP_REPEAT) {
+            st = alloc_tensor(dev, bc->dtype, bc->T, bc->hg, 128, &r->in[i][0]);
+            if (st == LMK_OK)
+                st = alloc_tensor(dev, bc->dtype, bc->T, bc->h, 128, &r->out[i][0]);
+            if (st == LMK_OK)
+                st = fill_from_pool(r->in[i][0], pool, pool_bytes, rng);
+            continue;
+        }
+        const size_t n_pos = 4 * (size_t)bc->T;
+        st = lmk_buffer_alloc(dev, n_pos * sizeof(int32_t), LMK_I32, &n_pos, 1, &r->pos[i]);
+        if (st == LMK_OK)
+            st = fill_positions(r->pos[i], bc->T, rng);
+        const int n_t = bc->op == OP_ROPE_QK ? 2 : 1;
+        for (int j = 0; j < n_t && st == LMK_OK; j++) {
+            const uint32_t heads = j ? bc->n_k_heads : bc->n_heads;
+            st = alloc_tensor(dev, bc->dtype, bc->T, heads, HEAD_DIM, &r->in[i][j]);
+            if (st == LMK_OK)
+                st = fill_from_pool(r->in[i][j], pool, pool_bytes, rng);
+            if (st == LMK_OK && bc->in_place)
+                r->out[i][j] = r->in[i][j];
+            else if (st == LMK_OK)
+                st = alloc_tensor(dev, bc->dtype, bc->T, heads, HEAD_DIM, &r->out[i][j]);
+        }
+    }
+    return st;
+}
+
+/* One call of the case's op on the next set of buffers: what every timer calls. */
+static lmk_status run_call(void *ctx)
+{
+    bench_run *r = ctx;
+    const int i = r->next;
+    r->next = (r->next + 1) % r->n_sets;
+    switch (r->bc->op) {
+    case OP_ROPE:
+        return lmk_rope_multi(r->s, r->in[i][0], r->out[i][0], r->pos[i], &r->rope);
+    case OP_ROPE_QK:
+        return lmk_rope_multi_qk(r->s, r->in[i][0], r->out[i][0], r->in[i][1], r->out[i][1], r->pos[i], &r->rope,
+                                 r->bc->n_k_heads);
+    default:
+        return lmk_repeat_tiled(r->s, r->in[i][0], r->out[i][0], &r->repeat);
+    }
+}
+
+/* ---- CPU timing ---- */
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median seconds per call of `fn`. Each sample times a batch of calls, as many as make it last
+ * CPU_MIN_SAMPLE_S (one call, for all but decode-sized ops), so clock overhead stays out of
+ * sub-microsecond calls. Samples: `iters`, or with iters 0 as many as fit in CPU_BUDGET_S (at
+ * least CPU_MIN_SAMPLES). The first `warmup` calls are not timed. */
+static lmk_status cpu_time(lmk_status (*fn)(void *), void *ctx, int warmup, int iters, double *median_s,
+                           int *samples)
+{
+    const int max = iters ? iters : CPU_MAX_SAMPLES;
+    double *t = malloc((size_t)max * sizeof *t);
+    if (!t)
+        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk bench: out of host memory");
+    lmk_status st = LMK_OK;
+    for (int i = 0; i < warmup && st == LMK_OK; i++)
+        st = fn(ctx);
+    int batch = 1;
+    for (; st == LMK_OK && batch < 1024; batch *= 2) {
+        const double t0 = tool_now();
+        for (int i = 0; i < batch && st == LMK_OK; i++)
+            st = fn(ctx);
+        if (tool_now() - t0 >= CPU_MIN_SAMPLE_S)
+            break;
+    }
+    int n = 0;
+    const double start = tool_now();
+    while (st == LMK_OK && n < max) {
+        if (!iters && n >= CPU_MIN_SAMPLES && tool_now() - start >= CPU_BUDGET_S)
+            break;
+        const double t0 = tool_now();
+        for (int i = 0; i < batch && st == LMK_OK; i++)
+            st = fn(ctx);
+        t[n++] = (tool_now() - t0) / batch;
+    }
+    if (st == LMK_OK) {
+        qsort(t, (size_t)n, sizeof *t, cmp_double);
+        *median_s = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+        *samples = n;
+    }
+    free(t);
+    return st;
+}
+
+/* The CPU copy ceiling: a copy split over the stream's thread count, with memcpy and, for buffers
+ * out of cache, also with streaming (non-temporal) stores; the faster one counts. memcpy alone is
+ * no ceiling there: its ordinary stores first read every destination line (a third more traffic),
+ * which a kernel that streams its output does not, so the op would "beat" the copy.
+ * Threads wait for work by spinning briefly, then sleeping: back-to-back copies never pay a
+ * wake-up, while idle workers never take a core from the op being timed (or, on a busy machine,
+ * from each other). A copy is split only into shares of at least COPY_MIN_SHARE bytes: splitting
+ * a smaller one costs more than it saves, which is also why the library runs small ops on the
+ * calling thread alone. */
+#define COPY_MIN_SHARE ((size_t)64 << 10)
+#define SPIN_ITERS 4000 /* pause instructions, tens of microseconds */
+
+typedef struct copy_pool copy_pool;
+typedef struct copy_worker {
+    copy_pool *pool;
+    pthread_t thread;
+    int tid;
+} copy_worker;
+
+struct copy_pool {
+    int n;                  /* threads, the caller included */
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t wake, done;
+    atomic_uint gen;        /* bumped once per copy */
+    atomic_int pending;     /* workers still copying */
+    atomic_int sleepers;    /* workers asleep on wake */
+    atomic_bool caller_asleep;
+    bool quit;              /* under mu */
+    unsigned char *dst;
+    const unsigned char *src;
+    size_t len;
+    int n_job;              /* threads taking part in this copy */
+    bool stream;            /* streaming stores instead of memcpy */
+    copy_worker workers[1024];
+};
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* memcpy, or 64-byte steps of streaming stores (SSE2 is part of x86-64; wider vectors move no
+ * more bytes when memory is the limit). */
+static void copy_bytes(unsigned char *d, const unsigned char *s, size_t n, bool stream)
+{
+#if defined(__x86_64__)
+    if (stream) {
+        for (; n && ((uintptr_t)d & 15); n--)
+            *d++ = *s++;
+        for (; n >= 64; n -= 64, d += 64, s += 64) {
+            const __m128i a = _mm_loadu_si128((const __m128i *)(const void *)s);
+            const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(s + 16));
+            const __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(s + 32));
+            const __m128i e = _mm_loadu_si128((const __m128i *)(const void *)(s + 48));
+            _mm_stream_si128((__m128i *)(void *)d, a);
+            _mm_stream_si128((__m128i *)(void *)(d + 16), b);
+            _mm_stream_si128((__m128i *)(void *)(d + 32), c);
+            _mm_stream_si128((__m128i *)(void *)(d + 48), e);
+        }
+        _mm_sfence();
+    }
+#else
+    (void)stream;
+#endif
+    memcpy(d, s, n);
+}
+
+static void copy_share(copy_pool *p, int tid)
+{
+    if (tid >= p->n_job)
+        return;
+    const size_t per = (p->len / (size_t)p->n_job + 63) / 64 * 64;
+    const size_t lo = per * (size_t)tid < p->len ? per * (size_t)tid : p->len;
+    const size_t hi = tid + 1 == p->n_job || lo + per > p->len ? p->len : lo + per;
+    if (hi > lo)
+        copy_bytes(p->dst + lo, p->src + lo, hi - lo, p->stream);
+}
+
+/* The atomics are sequentially consistent: a sleeper announces itself before it rechecks gen,
+ * and the caller bumps gen before it reads the sleepers, so one of the two always sees the other. */
+static void *copy_worker_main(void *arg)
+{
+    copy_worker *w = arg;
+    copy_pool *p = w->pool;
+    unsigned seen = 0;
+    for (;;) {
+        unsigned g = atomic_load(&p->gen);
+        for (int i = 0; g == seen && i < SPIN_ITERS; i++) {
+            cpu_relax();
+            g = atomic_load(&p->gen);
+        }
+        if (g == seen) {
+            pthread_mutex_lock(&p->mu);
+            atomic_fetch_add(&p->sleepers, 1);
+            while (!p->quit && (g = atomic_load(&p->gen)) == seen)
+                pthread_cond_wait(&p->wake, &p->mu);
+            atomic_fetch_sub(&p->sleepers, 1);
+            const bool quit = p->quit;
+            pthread_mutex_unlock(&p->mu);
+            if (quit)
+                return NULL;
+        }
+        seen = g;
+        copy_share(p, w->tid);
+        if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->caller_asleep)) {
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->done);
+            pthread_mutex_unlock(&p->mu);
+        }
+    }
+}
+
+static void copy_pool_free(copy_pool *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->mu);
+    p->quit = true;
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->started; i++)
+        pthread_join(p->workers[i].thread, NULL);
+    pthread_cond_destroy(&p->done);
+    pthread_cond_destroy(&p->wake);
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
+
+static copy_pool *copy_pool_new(int n)
+{
+    copy_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->n = n < 1 ? 1 : n > 1024 ? 1024 : n;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->wake, NULL);
+    pthread_cond_init(&p->done, NULL);
+    for (int i = 0; i < p->n - 1; i++) {
+        p->workers[i] = (copy_worker){.pool = p, .tid = i + 1};
+        if (pthread_create(&p->workers[i].thread, NULL, copy_worker_main, &p->workers[i]) != 0) {
+            copy_pool_free(p);
+            return NULL;
+        }
+        p->started++;
+    }
+    return p;
+}
+
+typedef struct copy_run {
+    copy_pool *pool;
+    unsigned char *src[MAX_SETS], *dst[MAX_SETS];
+    size_t len;
+    int n_sets, next;
+    bool stream;
+} copy_run;
+
+static lmk_status copy_call(void *ctx)
+{
+    copy_run *c = ctx;
+    copy_pool *p = c->pool;
+    const size_t by_size = c->len / COPY_MIN_SHARE;
+    p->n_job = by_size < 1 ? 1 : by_size < (size_t)p->n ? (int)by_size : p->n;
+    p->dst = c->dst[c->next];
+    p->src = c->src[c->next];
+    p->len = c->len;
+    p->stream = c->stream;
+    c->next = (c->next + 1) % c->n_sets;
+    if (p->n_job == 1) {
+        copy_share(p, 0);
+        return LMK_OK;
+    }
+    /* Every worker wakes (an idle one skips its share), so gen stays one count for all. */
+    atomic_store(&p->pending, p->n - 1);
+    atomic_fetch_add(&p->gen, 1);
+    if (atomic_load(&p->sleepers) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->wake);
+        pthread_mutex_unlock(&p->mu);
+    }
+    copy_share(p, 0);
+    for (int i = 0; atomic_load(&p->pending) > 0 && i < SPIN_ITERS; i++)
+        cpu_relax();
+    if (atomic_load(&p->pending) > 0) {
+        pthread_mutex_lock(&p->mu);
+        atomic_store(&p->caller_asleep, true);
+        while (atomic_load(&p->pending) > 0)
+            pthread_cond_wait(&p->done, &p->mu);
+        atomic_store(&p->caller_asleep, false);
+        pthread_mutex_unlock(&p->mu);
+    }
+    return LMK_OK;
+}
+
+/* Bandwidth of a copy of bytes/2 (read + write = bytes) over n_sets buffer pairs used in turn:
+ * the faster of memcpy and streaming stores, or memcpy alone for a case that stays in cache. */
+static lmk_status cpu_copy_ceiling(copy_pool *pool, double bytes, int n_sets, bool in_cache, int iters, double *bps)
+{
+    copy_run c = {.pool = pool, .len = ((size_t)(bytes / 2) + 63) / 64 * 64, .n_sets = n_sets};
+    lmk_status st = LMK_OK;
+    for (int i = 0; i < n_sets && st == LMK_OK; i++) {
+        c.src[i] = aligned_alloc(64, c.len);
+        c.dst[i] = aligned_alloc(64, c.len);
+        if (!c.src[i] || !c.dst[i])
+            st = lmk_fail(LMK_ERR_OUT_OF_MEMORY, "copy ceiling: cannot allocate 2 x %zu bytes", c.len);
+        else {
+            memset(c.src[i], 0x5a, c.len); /* never-touched pages would all read the one zero page */
+            memset(c.dst[i], 0xa5, c.len);
+        }
+    }
+    double t = 0, t_stream = 0;
+    int samples = 0;
+    if (st == LMK_OK)
+        st = cpu_time(copy_call, &c, n_sets + 1, iters, &t, &samples);
+    c.stream = true;
+    if (st == LMK_OK && !in_cache && (st = cpu_time(copy_call, &c, n_sets + 1, iters, &t_stream, &samples)) == LMK_OK)
+        t = t_stream < t ? t_stream : t;
+    for (int i = 0; i < n_sets; i++) {
+        free(c.src[i]);
+        free(c.dst[i]);
+    }
+    if (st == LMK_OK)
+        *bps = 2.0 * (double)c.len / t;
+    return st;
+}
+
+/* ---- one case ---- */
+
+typedef struct bench_env {
+    lmk_device *dev;
+    lmk_stream *s;
+    bool cuda;
+    copy_pool *pool;                 /* CPU only */
+    int threads;                     /* CPU: the stream's thread count */
+    unsigned char *pools[LMK_DTYPE_COUNT]; /* POOL_ELEMS random elements per dtype, made on first use */
+    tool_rng rng;
+} bench_env;
+
+static lmk_status run_case(bench_env *e, const bench_opts *o, const bench_case *bc, bench_result *res)
+{
+    const size_t es = lmk_dtype_size(bc->dtype);
+    if (!e->pools[bc->dtype]) {
+        e->pools[bc->dtype] = malloc(POOL_ELEMS * es);
+        if (!e->pools[bc->dtype])
+            return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk bench: out of host memory for random data");
+        tool_fill_random(&e->rng, bc->dtype, e->pools[bc->dtype], POOL_ELEMS);
+    }
+    memset(res, 0, sizeof *res);
+    res->bytes = case_bytes(bc);
+    /* In place, the lines a call touches are those it reads and writes back: half the count. */
+    const double touched = bc->in_place ? res->bytes / 2 : res->bytes;
+    res->n_sets = choose_sets(touched, e->cuda ? GPU_CACHE_BYTES : CPU_CACHE_BYTES, &res->in_cache);
+
+    bench_run *r = calloc(1, sizeof *r);
+    if (!r)
+        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk bench: out of host memory");
+    r->s = e->s;
+    r->bc = bc;
+    r->n_sets = res->n_sets;
+    r->rope = (lmk_rope_multi_params){
+        .head_dim = HEAD_DIM, .rope_dim = ROPE_DIM, .n_heads = bc->n_heads, .seq_len = bc->T, .freq_base = 1e7f,
+        .mode = LMK_ROPE_IMROPE, .sections = {11, 11, 10, 0}, .pairing = LMK_ROPE_PAIR_HALF_ROPE,
+    };
+    r->repeat = (lmk_repeat_tiled_params){.seq = bc->T, .hg = bc->hg, .h = bc->h, .k = 128};
+    lmk_status st = run_setup(r, e->dev, e->pools[bc->dtype], POOL_ELEMS * es, &e->rng);
+    if (st == LMK_OK && (st = lmk_stream_sync(e->s)) == LMK_OK) {
+        if (!e->cuda) {
+            st = cpu_time(run_call, r, r->n_sets + 1, o->iters, &res->time_s, &res->samples);
+            if (st == LMK_OK)
+                st = lmk_stream_sync(e->s);
+        }
+#ifdef LMK_WITH_CUDA
+        else {
+            /* Graph replay keeps host launch gaps out of every case; a decode-sized call is
+             * replayed 100 times per sample so that event resolution does not matter. */
+            const int inner = bc->T == 1 ? 100 : 10;
+            res->samples = o->iters ? o->iters : CUDA_REPS;
+            st = lmk_bench_cuda_time(e->s, run_call, r, r->n_sets + 2, res->samples, inner, 1, &res->time_s);
+            if (st == LMK_OK && bc->T == 1)
+                st = lmk_bench_cuda_host_cost(e->s, run_call, r, 1000, &res->host_s);
+        }
+#endif
+    }
+    run_free(r);
+    free(r);
+    if (st != LMK_OK)
+        return st;
+#ifdef LMK_WITH_CUDA
+    if (e->cuda)
+        return lmk_bench_cuda_copy_ceiling(e->s, (size_t)(res->bytes / 2), &res->ceiling_bps); /* copy size */
+#endif
+    return cpu_copy_ceiling(e->pool, res->bytes, res->n_sets, res->in_cache, o->iters, &res->ceiling_bps);
+}
+
+/* ---- the case list ---- */
+
+static bench_case *add_case(bench_case *cases, int *n, const bench_case *base, int op, const char *name)
+{
+    bench_case *c = &cases[(*n)++];
+    *c = *base;
+    c->op = op;
+    snprintf(c->name, sizeof c->name, "%s", name);
+    return c;
+}
+
+/* The default list, narrowed by --op and --dtype; at most 6 cases per dtype and T. */
+static int make_cases(const bench_opts *o, bench_case *cases)
+{
+    static const lmk_dtype dts[] = {LMK_F32, LMK_BF16};
+    int n = 0;
+    uint32_t t_max = 0;
+    for (int k = 0; k < o->n_T; k++)
+        t_max = o->T[k] > t_max ? o->T[k] : t_max;
+    for (int d = 0; d < 2; d++) {
+        if (o->dtype != 2 && o->dtype != d)
+            continue;
+        for (int k = 0; k < o->n_T; k++) {
+            const bench_case base = {.dtype = dts[d], .T = o->T[k], .n_heads = Q_HEADS, .hg = 16};
+            if (o->op != 0) {
+                add_case(cases, &n, &base, OP_ROPE, "rope Q");
+                add_case(cases, &n, &base, OP_ROPE, "rope K")->n_heads = K_HEADS;
+                add_case(cases, &n, &base, OP_ROPE_QK, "rope Q+K fused")->n_k_heads = K_HEADS;
+                /* In place at the longest prompt, in the model's own dtype. */
+                if (o->T[k] == t_max && dts[d] == LMK_BF16)
+                    add_case(cases, &n, &base, OP_ROPE, "rope Q in-place")->in_place = true;
+            }
+            if (o->op != 1) {
+                add_case(cases, &n, &base, OP_REPEAT, "repeat 16->48")->h = 48;
+                add_case(cases, &n, &base, OP_REPEAT, "repeat 16->32")->h = 32;
+            }
+        }
+    }
+    return n;
+}
+
+/* ---- output ---- */
+
+static void json_string(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            putchar('\\');
+        if ((unsigned char)*s >= 0x20)
+            putchar(*s);
+    }
+    putchar('"');
+}
+
+static void print_row(const bench_env *e, const bench_case *bc, const bench_result *r, bool json, bool first)
+{
+    const double gbs = r->bytes / r->time_s / 1e9, ceil_gbs = r->ceiling_bps / 1e9;
+    if (json) {
+        printf("%s\n  {\"case\": ", first ? "" : ",");
+        json_string(bc->name);
+        printf(", \"backend\": \"%s\", \"dtype\": \"%s\", \"T\": %u, \"time_us\": %.3f, \"bytes\": %.0f, "
+               "\"gb_s\": %.2f, \"ceiling_gb_s\": %.2f, \"fraction\": %.3f, \"buffer_sets\": %d, "
+               "\"in_cache\": %s, \"samples\": %d",
+               e->cuda ? "cuda" : "cpu", lmk_dtype_name(bc->dtype), bc->T, r->time_s * 1e6, r->bytes, gbs, ceil_gbs,
+               gbs / ceil_gbs, r->n_sets, r->in_cache ? "true" : "false", r->samples);
+        if (r->host_s > 0)
+            printf(", \"host_us\": %.3f", r->host_s * 1e6);
+        if (e->threads > 0)
+            printf(", \"threads\": %d", e->threads);
+        putchar('}');
+        return;
+    }
+    printf("%-16s %-5s %6u %10.2f %9.1f %13.1f %9.2f", bc->name, lmk_dtype_name(bc->dtype), bc->T, r->time_s * 1e6,
+           gbs, ceil_gbs, gbs / ceil_gbs);
+    if (e->cuda && r->host_s > 0)
+        printf(" %8.2f", r->host_s * 1e6);
+    else if (e->cuda)
+        printf(" %8s", "");
+    printf("  %s\n", r->in_cache ? "in cache" : "");
+    fflush(stdout);
+}
+
+/* ---- the command ---- */
+
+static int parse_T_list(const char *v, bench_opts *o)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", v);
+    o->n_T = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        uint64_t t;
+        if (o->n_T == MAX_T_LIST)
+            return tool_usage_error("--T takes at most %d values", MAX_T_LIST);
+        if (tool_parse_u64("--T", tok, 1, 1u << 20, &t) < 0)
+            return TOOL_EXIT_USAGE;
+        o->T[o->n_T++] = (uint32_t)t;
+    }
+    return o->n_T ? 0 : tool_usage_error("--T needs at least one token count");
+}
+
+static int parse_bench_opts(int argc, char **argv, bench_opts *o)
+{
+    static const char *const backends[] = {"cpu", "cuda"};
+    static const char *const ops[] = {"repeat", "rope", "all"};
+    static const char *const dtypes[] = {"f32", "bf16", "all"};
+    *o = (bench_opts){.backend = LMK_BACKEND_AUTO, .op = 2, .dtype = 2, .T = {1, 4106, 16384}, .n_T = 3};
+    for (int i = 2; i < argc; i++) {
+        const char *v = NULL;
+        uint64_t n;
+        int r, c;
+        if (tool_flag(argv, i, "--json")) {
+            o->json = true;
+        } else if ((r = tool_opt(argc, argv, &i, "--backend", &v)) != 0) {
+            if (r < 0 || (c = tool_parse_choice("--backend", v, backends, 2)) < 0)
+                return TOOL_EXIT_USAGE;
+            o->backend = c == 0 ? LMK_BACKEND_CPU : LMK_BACKEND_CUDA;
+        } else if ((r = tool_opt(argc, argv, &i, "--op", &v)) != 0) {
+            if (r < 0 || (o->op = tool_parse_choice("--op", v, ops, 3)) < 0)
+                return TOOL_EXIT_USAGE;
+        } else if ((r = tool_opt(argc, argv, &i, "--dtype", &v)) != 0) {
+            if (r < 0 || (o->dtype = tool_parse_choice("--dtype", v, dtypes, 3)) < 0)
+                return TOOL_EXIT_USAGE;
+        } else if ((r = tool_opt(argc, argv, &i, "--T", &v)) != 0) {
+            if (r < 0 || parse_T_list(v, o) != 0)
+                return TOOL_EXIT_USAGE;
+        } else if ((r = tool_opt(argc, argv, &i, "--threads", &v)) != 0) {
+            if (r < 0 || tool_parse_u64("--threads", v, 1, 1024, &n) < 0)
+                return TOOL_EXIT_USAGE;
+            o->threads = (int)n;
+        } else if ((r = tool_opt(argc, argv, &i, "--iters", &v)) != 0) {
+            if (r < 0 || tool_parse_u64("--iters", v, 1, 100000, &n) < 0)
+                return TOOL_EXIT_USAGE;
+            o->iters = (int)n;
+        } else {
+            return tool_unknown_arg("bench", argv[i]);
+        }
+    }
+    return 0;
+}
+
+int tool_bench(int argc, char **argv)
+{
+    bench_opts o;
+    int rc = parse_bench_opts(argc, argv, &o);
+    if (rc != 0)
+        return rc;
+    bench_case cases[2 * MAX_T_LIST * 6];
+    const int n_cases = make_cases(&o, cases);
+
+    bench_env e = {.rng = {0x1a2b3c4d5e6f7788ull}};
+    lmk_status st = lmk_device_open(o.backend, 0, &e.dev);
+    if (st != LMK_OK)
+        return tool_lib_error(st, "cannot open the device");
+    e.cuda = lmk_device_backend(e.dev) == LMK_BACKEND_CUDA;
+    if (o.threads && (st = lmk_device_set_threads(e.dev, o.threads)) != LMK_OK) {
+        lmk_device_close(e.dev);
+        return tool_lib_error(st, "cannot set the thread count");
+    }
+    if ((st = lmk_stream_create(e.dev, &e.s)) != LMK_OK) {
+        lmk_device_close(e.dev);
+        return tool_lib_error(st, "cannot create a stream");
+    }
+    const int threads = e.dev->n_threads; /* what the stream's pool was made with */
+    if (!e.cuda && !(e.pool = copy_pool_new(threads))) {
+        fprintf(stderr, "lmk: cannot start %d threads for the copy ceiling\n", threads);
+        rc = TOOL_EXIT_FAIL;
+    }
+
+    const bool progress = isatty(STDERR_FILENO);
+    if (rc == 0 && !o.json) {
+        if (e.cuda)
+            printf("# lmk bench on %s\n# GB/s: the bytes each op must move, per second; ceiling: a device-to-device "
+                   "copy moving as many bytes\n", lmk_device_name(e.dev));
+        else
+            printf("# lmk bench on %s, stream of %d thread%s\n# GB/s: the bytes each op must move, per second; "
+                   "ceiling: a copy moving as many bytes on as many threads (memcpy or streaming stores)\n",
+                   lmk_device_name(e.dev), threads, threads == 1 ? "" : "s");
+        printf("%-16s %-5s %6s %10s %9s %13s %9s%s  %s\n", "case", "dtype", "T", "time us", "GB/s", "ceiling GB/s",
+               "fraction", e.cuda ? "  host us" : "", "note");
+    } else if (rc == 0) {
+        putchar('[');
+    }
+    const double t0 = tool_now();
+    e.threads = e.cuda ? 0 : threads;
+    for (int i = 0; i < n_cases && rc == 0; i++) {
+        if (progress)
+            fprintf(stderr, "\r\033[K[%d/%d] %s %s T=%u", i + 1, n_cases, cases[i].name,
+                    lmk_dtype_name(cases[i].dtype), cases[i].T);
+        bench_result res;
+        st = run_case(&e, &o, &cases[i], &res);
+        if (progress)
+            fprintf(stderr, "\r\033[K");
+        if (st != LMK_OK) {
+            char what[96];
+            snprintf(what, sizeof what, "%.31s %s T=%u", cases[i].name, lmk_dtype_name(cases[i].dtype), cases[i].T);
+            rc = tool_lib_error(st, what);
+        } else {
+            print_row(&e, &cases[i], &res, o.json, i == 0);
+        }
+    }
+    if (o.json && rc == 0)
+        printf("\n]\n");
+    else if (rc == 0)
+        printf("# %d cases in %.1f s\n", n_cases, tool_now() - t0);
+
+    for (int d = 0; d < LMK_DTYPE_COUNT; d++)
+        free(e.pools[d]);
+    copy_pool_free(e.pool);
+    lmk_stream_destroy(e.s);
+    lmk_device_close(e.dev);
+    return rc;
+}
