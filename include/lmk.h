@@ -153,7 +153,8 @@ LMK_API lmk_status lmk_device_set_threads(lmk_device *dev, int n_threads);
  * the 1-D shape [byte_len / dtype size]. CPU buffer memory is host memory; CUDA buffer memory is
  * device memory (cudaMalloc), read and written with lmk_buffer_read/lmk_buffer_write.
  * Errors common to all constructors: INVALID_ARGUMENT (NULL out or device, unknown dtype, ndim
- * outside [0, LMK_MAX_DIMS], a shape whose byte size overflows or exceeds byte_len).
+ * outside [0, LMK_MAX_DIMS], a shape whose byte size overflows or exceeds byte_len). wrap and view
+ * also reject memory not aligned to the element size (e.g. an f32 view at byte offset 2).
  * ---------------------------------------------------------------------------------------------- */
 
 #define LMK_MAX_DIMS 8

@@ -108,6 +108,7 @@ lmk_status lmk_device_set_threads(lmk_device *dev, int n_threads)
     if (n_threads > 1024)
         return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_device_set_threads: n_threads (%d) must be <= 1024",
                         n_threads);
-    dev->n_threads = n_threads <= 0 ? lmk_default_threads() : n_threads;
+    /* Relaxed atomic: another thread may be reading it in lmk_stream_create right now. */
+    __atomic_store_n(&dev->n_threads, n_threads <= 0 ? lmk_default_threads() : n_threads, __ATOMIC_RELAXED);
     return LMK_OK;
 }

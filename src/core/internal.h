@@ -106,7 +106,9 @@ struct lmk_device {
     lmk_backend backend;
     const lmk_backend_ops *ops;
     int ordinal;
-    int n_threads;        /* CPU: threads for streams created from now on */
+    int n_threads;        /* CPU: threads for streams created from now on; read and written with
+                             relaxed __atomic builtins (lmk_device_set_threads may race a stream
+                             creation) */
     char name[128];
     void *impl;           /* backend state */
 };

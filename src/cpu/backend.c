@@ -5,9 +5,10 @@
  * n_threads - 1 workers created with the stream and joined when it is destroyed. Creating threads
  * per op would cost more than a decode-sized op takes, and allocating per op is forbidden (the
  * hot-path rule), so everything a job needs lives in the pool, allocated at stream creation.
- * A job is published under the pool's mutex with a generation counter; workers sleep on a
- * condition variable between jobs. Each stream has its own pool, so streams used by different
- * threads never contend; a single stream is used by one thread at a time (the API's rule).
+ * A job is published by bumping a generation counter (release; workers acquire it); waiting,
+ * on either side, spins briefly and then sleeps on a condition variable. Each stream has its own
+ * pool, so streams used by different threads never contend; a single stream is used by one
+ * thread at a time (the API's rule).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* pthread_sigmask when compiled outside the build's -D_GNU_SOURCE */
@@ -202,7 +203,8 @@ static lmk_status cpu_stream_create(lmk_stream *s)
 {
     static const char fn[] = "lmk_stream_create";
     const cpu_device *cd = s->dev->impl;
-    const int n = s->dev->n_threads >= 1 ? s->dev->n_threads : 1;
+    const int want = __atomic_load_n(&s->dev->n_threads, __ATOMIC_RELAXED);
+    const int n = want >= 1 ? want : 1;
     cpu_pool *p = lmk_host_calloc(sizeof *p + (size_t)(n - 1) * sizeof(cpu_worker), 64);
     if (!p)
         return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "%s: out of host memory for a pool of %d threads", fn, n);

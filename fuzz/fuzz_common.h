@@ -1,0 +1,603 @@
+/*
+ * fuzz_common.h - what the lmk fuzzers share.
+ *
+ * Each fuzzer turns the fuzzer's bytes into one or a few library calls and checks the library's
+ * contract on them (lmk.h, SPEC.md): no crash; an invalid call returns LMK_ERR_INVALID_ARGUMENT
+ * with a message naming the op and changes no byte of any buffer; a valid call matches the
+ * float64 reference. To check "no byte changed" and "nothing written outside the output", every
+ * buffer a fuzzer makes lives in a few root memory regions (a host arena, or one lmk allocation)
+ * that are snapshotted whole before the call and compared whole after it.
+ *
+ * A violated check aborts through __builtin_trap(), which libFuzzer reports as a crash with the
+ * input that caused it. Header-only (static functions), so each fuzzer is a single C file.
+ */
+#ifndef LMK_FUZZ_COMMON_H
+#define LMK_FUZZ_COMMON_H
+
+#include "core/internal.h"
+#include "lmk.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A broken contract: print what and where, then abort so the fuzzer keeps the input. */
+#define FZ_CHECK(cond, ...)                                                                                  \
+    do {                                                                                                     \
+        if (!(cond)) {                                                                                       \
+            fprintf(stderr, "\nFUZZ CHECK FAILED %s:%d: %s\n  ", __FILE__, __LINE__, #cond);                 \
+            fprintf(stderr, __VA_ARGS__);                                                                    \
+            fprintf(stderr, "\n  lmk_last_error: \"%s\"\n", lmk_last_error());                              \
+            fflush(stderr);                                                                                  \
+            __builtin_trap();                                                                                \
+        }                                                                                                    \
+    } while (0)
+
+#define FZ_UNUSED(x) (void)(x)
+
+/* ------------------------------------------------------------------------------------------------
+ * Reading parameters from the fuzzer's bytes. Past the end every read returns 0, so every input is
+ * a complete, deterministic call. Bulk data (tensor values) comes from a small PRNG seeded from the
+ * input instead, so inputs stay short and mutations stay meaningful.
+ * ---------------------------------------------------------------------------------------------- */
+
+typedef struct fz_in {
+    const uint8_t *p;
+    size_t n;
+} fz_in;
+
+static inline uint8_t fz_u8(fz_in *in)
+{
+    if (in->n == 0)
+        return 0;
+    in->n--;
+    return *in->p++;
+}
+
+static inline uint16_t fz_u16(fz_in *in)
+{
+    const uint16_t lo = fz_u8(in);
+    return (uint16_t)(lo | (uint16_t)fz_u8(in) << 8);
+}
+
+static inline uint32_t fz_u32(fz_in *in)
+{
+    const uint32_t lo = fz_u16(in);
+    return lo | (uint32_t)fz_u16(in) << 16;
+}
+
+static inline uint64_t fz_u64(fz_in *in)
+{
+    const uint64_t lo = fz_u32(in);
+    return lo | (uint64_t)fz_u32(in) << 32;
+}
+
+static inline bool fz_bool(fz_in *in) { return fz_u8(in) & 1; }
+
+/* A value in [0, n) from one byte (n <= 256). */
+static inline unsigned fz_pick(fz_in *in, unsigned n) { return n ? fz_u8(in) % n : 0; }
+
+static inline float fz_f32_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint32_t fz_bits_f32(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* splitmix64: the PRNG for bulk data. */
+static inline uint64_t fz_rand(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-r, r]. */
+static inline float fz_rand_sym(uint64_t *s, float r)
+{
+    return (float)(((double)(fz_rand(s) >> 11) / 9007199254740992.0 * 2.0 - 1.0) * r);
+}
+
+/* A "dimension" as a fuzzer wants it: 0, small, odd, a power of two, huge, or any u32. */
+static inline uint32_t fz_dim(fz_in *in)
+{
+    static const uint32_t huge[] = {UINT32_MAX, UINT32_MAX - 1, 0x80000000u, 0x7fffffffu, 0x10001u,
+                                    65536u,     1u << 20,       1u << 24,    3u << 30,    0x55555556u};
+    switch (fz_pick(in, 10)) {
+    case 0:
+    case 1:
+    case 2:
+    case 3:
+        return 1 + fz_pick(in, 8);
+    case 4:
+        return 0;
+    case 5:
+        return 1 + fz_pick(in, 64);
+    case 6:
+        return 1u << fz_pick(in, 9);
+    case 7:
+        return huge[fz_pick(in, sizeof huge / sizeof huge[0])];
+    case 8:
+        return 2 * (1 + fz_pick(in, 128));
+    default:
+        return fz_u32(in);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Tallies: what the inputs exercised (valid calls, invalid ones, precision-checked ones, ...),
+ * printed to stderr when the fuzzer exits, so a run says how much of each it did.
+ * ---------------------------------------------------------------------------------------------- */
+
+#define FZ_MAX_STATS 12
+
+static const char *fz_stat_names[FZ_MAX_STATS];
+static long fz_stat_counts[FZ_MAX_STATS];
+
+/* Counts one `name` (a string literal). */
+static inline void fz_stat(const char *name)
+{
+    for (int i = 0; i < FZ_MAX_STATS; i++) {
+        if (!fz_stat_names[i])
+            fz_stat_names[i] = name;
+        if (fz_stat_names[i] == name || strcmp(fz_stat_names[i], name) == 0) {
+            fz_stat_counts[i]++;
+            return;
+        }
+    }
+}
+
+static void fz_stats_print(void)
+{
+    fprintf(stderr, "lmk fuzz tally:");
+    for (int i = 0; i < FZ_MAX_STATS && fz_stat_names[i]; i++)
+        fprintf(stderr, "%s %ld %s", i ? "," : "", fz_stat_counts[i], fz_stat_names[i]);
+    fprintf(stderr, "\n");
+}
+
+static inline void fz_stats_at_exit(void)
+{
+    static int registered;
+    if (!registered++)
+        atexit(fz_stats_print);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * The allocator hook: counts every host allocation of the library, refuses absurd sizes (so a
+ * fuzzed byte_len of 2^60 exercises OUT_OF_MEMORY instead of the fuzzer's own malloc limit), and
+ * lets a harness assert that an op call allocates nothing (lmk.h: "performs no heap allocation").
+ * ---------------------------------------------------------------------------------------------- */
+
+#define FZ_ALLOC_CAP ((size_t)64 << 20)
+
+static atomic_long fz_n_allocs, fz_n_live;
+
+static void *fz_alloc(size_t size, size_t alignment, void *user)
+{
+    FZ_UNUSED(user);
+    FZ_CHECK(alignment && (alignment & (alignment - 1)) == 0, "allocator hook: alignment %zu is not a power of two",
+             alignment);
+    if (size > FZ_ALLOC_CAP)
+        return NULL;
+    if (alignment < sizeof(void *))
+        alignment = sizeof(void *);
+    void *p = NULL;
+    if (posix_memalign(&p, alignment, size ? size : 1) != 0)
+        return NULL;
+    atomic_fetch_add(&fz_n_allocs, 1);
+    atomic_fetch_add(&fz_n_live, 1);
+    return p;
+}
+
+static void fz_free(void *p, void *user)
+{
+    FZ_UNUSED(user);
+    FZ_CHECK(p != NULL, "allocator hook: free(NULL) reached the hook");
+    atomic_fetch_sub(&fz_n_live, 1);
+    free(p);
+}
+
+static inline void fz_install_allocator(void)
+{
+    fz_stats_at_exit();
+    static const lmk_allocator a = {fz_alloc, fz_free, NULL};
+    lmk_set_allocator(&a);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Root memory regions and their snapshots.
+ * ---------------------------------------------------------------------------------------------- */
+
+#define FZ_MAX_REGIONS 16
+
+typedef struct fz_region {
+    unsigned char *base;
+    size_t len;
+    unsigned char *snap; /* the bytes before the call */
+} fz_region;
+
+typedef struct fz_world {
+    fz_region r[FZ_MAX_REGIONS];
+    int n;
+} fz_world;
+
+static inline void fz_world_add(fz_world *w, void *base, size_t len)
+{
+    if (!base || w->n == FZ_MAX_REGIONS)
+        return;
+    for (int i = 0; i < w->n; i++)
+        if (w->r[i].base == base)
+            return;
+    w->r[w->n++] = (fz_region){.base = base, .len = len, .snap = NULL};
+}
+
+static inline void fz_world_snapshot(fz_world *w)
+{
+    for (int i = 0; i < w->n; i++) {
+        free(w->r[i].snap);
+        w->r[i].snap = malloc(w->r[i].len ? w->r[i].len : 1);
+        FZ_CHECK(w->r[i].snap != NULL, "harness: out of memory");
+        memcpy(w->r[i].snap, w->r[i].base, w->r[i].len);
+    }
+}
+
+static inline void fz_world_restore(fz_world *w)
+{
+    for (int i = 0; i < w->n; i++)
+        memcpy(w->r[i].base, w->r[i].snap, w->r[i].len);
+}
+
+static inline void fz_world_release(fz_world *w)
+{
+    for (int i = 0; i < w->n; i++)
+        free(w->r[i].snap);
+    w->n = 0;
+}
+
+/* The region holding byte p, or NULL. */
+static inline fz_region *fz_world_find(fz_world *w, const void *p)
+{
+    const uintptr_t x = (uintptr_t)p;
+    for (int i = 0; i < w->n; i++)
+        if (x >= (uintptr_t)w->r[i].base && x < (uintptr_t)w->r[i].base + w->r[i].len)
+            return &w->r[i];
+    return NULL;
+}
+
+/* The snapshot's copy of address p (p must lie in a region; NULL otherwise). */
+static inline const void *fz_world_before(fz_world *w, const void *p)
+{
+    const fz_region *r = fz_world_find(w, p);
+    return r ? r->snap + ((const unsigned char *)p - r->base) : NULL;
+}
+
+/* Whether byte address p lies in [lo, lo + n). */
+static inline bool fz_in_range(const void *p, const void *lo, size_t n)
+{
+    return (uintptr_t)p >= (uintptr_t)lo && (uintptr_t)p < (uintptr_t)lo + n;
+}
+
+/* Checks every byte of every region equals its snapshot, except bytes inside the `n_skip`
+ * ranges [skip[i], skip[i] + skip_len[i]). Returns the first differing address, or NULL. */
+static inline const void *fz_world_changed(const fz_world *w, const void *const *skip, const size_t *skip_len,
+                                           int n_skip)
+{
+    for (int i = 0; i < w->n; i++) {
+        const fz_region *r = &w->r[i];
+        if (n_skip == 0) {
+            if (memcmp(r->base, r->snap, r->len) == 0)
+                continue;
+        }
+        for (size_t j = 0; j < r->len; j++) {
+            if (r->base[j] == r->snap[j])
+                continue;
+            bool skipped = false;
+            for (int k = 0; k < n_skip && !skipped; k++)
+                skipped = fz_in_range(r->base + j, skip[k], skip_len[k]);
+            if (!skipped)
+                return r->base + j;
+        }
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Element access and the rope precision contract (SPEC.md section 2, "Precision"): f32 within
+ * 1e-5 absolute of the float64 result; bf16 and f16 within one ulp of it plus 1e-6 absolute.
+ * ---------------------------------------------------------------------------------------------- */
+
+static inline double fz_load(lmk_dtype t, const void *base, size_t i)
+{
+    if (t == LMK_F32) {
+        float f;
+        memcpy(&f, (const char *)base + 4 * i, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, (const char *)base + 2 * i, 2);
+    return t == LMK_BF16 ? lmk_bf16_to_f32(h) : lmk_f16_to_f32(h);
+}
+
+/* One unit in the last place of dtype t at magnitude |v|. */
+static inline double fz_ulp(lmk_dtype t, double v)
+{
+    const int frac_bits = t == LMK_BF16 ? 7 : t == LMK_F16 ? 10 : 23;
+    const double min_spacing = ldexp(1.0, t == LMK_BF16 ? -133 : t == LMK_F16 ? -24 : -149); /* subnormals */
+    if (v == 0 || !isfinite(v))
+        return min_spacing;
+    int e;
+    frexp(fabs(v), &e); /* |v| in [2^(e-1), 2^e) */
+    const double u = ldexp(1.0, e - 1 - frac_bits);
+    return u > min_spacing ? u : min_spacing;
+}
+
+/* Whether `got` (a stored result of dtype t) is within the contract of the float64 result `ref`. */
+static inline bool fz_rope_close(lmk_dtype t, double ref, double got)
+{
+    if (!isfinite(ref) || !isfinite(got))
+        return false;
+    const double err = fabs(got - ref);
+    if (t == LMK_F32)
+        return err <= 1e-5;
+    const double a = fabs(ref) > fabs(got) ? fabs(ref) : fabs(got);
+    return err <= fz_ulp(t, a) + 1e-6;
+}
+
+/* Whether element j of a head_dim row is rotated (else copied) under the pairing. */
+static inline bool fz_rope_rotated(uint32_t j, uint32_t head_dim, uint32_t rope_dim, int pairing)
+{
+    const uint32_t half = rope_dim / 2, stride = pairing == 1 ? head_dim / 2 : rope_dim / 2;
+    return j < half || (j >= stride && j < stride + half);
+}
+
+/* Compares tensor ti of a rope call: `got` is the output after the call, `in` the input before it,
+ * ref64 the float64 reference. Copied elements must equal the input bit for bit; rotated ones must
+ * be within tolerance when `precise` (else only finite-ness-agnostic: nothing is checked). Returns
+ * the first bad element index, or SIZE_MAX when all are good. */
+static inline size_t fz_rope_check(const lmk_rope_args *a, int ti, const void *in, const void *got,
+                                   const double *ref64, bool precise)
+{
+    const size_t es = lmk_dtype_size(a->dtype);
+    const size_t rows = (size_t)a->seq_len * a->t[ti].n_heads;
+    for (size_t r = 0; r < rows; r++)
+        for (uint32_t j = 0; j < a->head_dim; j++) {
+            const size_t i = r * a->head_dim + j;
+            if (!fz_rope_rotated(j, a->head_dim, a->rope_dim, (int)a->pairing)) {
+                if (memcmp((const char *)got + i * es, (const char *)in + i * es, es) != 0)
+                    return i;
+            } else if (precise && !fz_rope_close(a->dtype, ref64[i], fz_load(a->dtype, got, i))) {
+                return i;
+            }
+        }
+    return SIZE_MAX;
+}
+
+/* Whether the message of the last failure names `op` (and is not empty). */
+static inline bool fz_message_names(const char *op)
+{
+    const char *m = lmk_last_error();
+    return m && m[0] && strstr(m, op) != NULL;
+}
+
+
+/* ------------------------------------------------------------------------------------------------
+ * The buffers of one op call. Every fuzzer input opens nothing: two CPU devices (the second one is
+ * "another device", whose buffers an op must refuse), a stream and a host arena live for the whole
+ * run. Buffers of a call are made in the ways a caller can make them (alloc, wrap, view of a shared
+ * parent so that two operands can overlap, view of an allocation, NULL) and freed after it.
+ * ---------------------------------------------------------------------------------------------- */
+
+#define FZ_ARENA_BYTES ((size_t)64 << 10)
+#define FZ_BUF_CAP ((size_t)16 << 10) /* largest buffer a call makes, in bytes */
+#define FZ_MAX_BUFS 24
+
+typedef struct fz_env {
+    lmk_device *dev, *other;  /* two CPU devices */
+    lmk_stream *stream;       /* on dev */
+    unsigned char *arena;     /* FZ_ARENA_BYTES of host memory, 64-byte aligned */
+    lmk_buffer *parent;       /* u8 wrap of the whole arena */
+} fz_env;
+
+typedef struct fz_call {
+    fz_world world;
+    lmk_buffer *bufs[FZ_MAX_BUFS]; /* made by this call, freed in reverse order */
+    int n_bufs;
+    uint64_t rng;
+    bool sane; /* this input means a valid call: make no operand wrong on purpose */
+} fz_call;
+
+static inline fz_env *fz_env_get(void)
+{
+    static fz_env e;
+    if (e.dev)
+        return &e;
+    fz_install_allocator();
+    FZ_CHECK(lmk_device_open(LMK_BACKEND_CPU, 0, &e.dev) == LMK_OK, "cannot open the CPU device");
+    FZ_CHECK(lmk_device_open(LMK_BACKEND_CPU, 0, &e.other) == LMK_OK, "cannot open a second CPU device");
+    /* Two workers: the fuzzer must reach the threaded split of the CPU path, even on one core. */
+    FZ_CHECK(lmk_device_set_threads(e.dev, 2) == LMK_OK, "lmk_device_set_threads");
+    FZ_CHECK(lmk_stream_create(e.dev, &e.stream) == LMK_OK, "cannot create a stream");
+    FZ_CHECK(posix_memalign((void **)&e.arena, 64, FZ_ARENA_BYTES) == 0, "harness: no arena");
+    memset(e.arena, 0xa5, FZ_ARENA_BYTES);
+    FZ_CHECK(lmk_buffer_wrap(e.dev, e.arena, FZ_ARENA_BYTES, LMK_U8, NULL, 0, &e.parent) == LMK_OK,
+             "cannot wrap the arena");
+    return &e;
+}
+
+static inline void fz_call_keep(fz_call *c, lmk_buffer *b)
+{
+    FZ_CHECK(c->n_bufs < FZ_MAX_BUFS, "harness: too many buffers");
+    c->bufs[c->n_bufs++] = b;
+}
+
+/* Frees the call's buffers (views first) and its snapshots; checks nothing leaked. */
+static inline void fz_call_end(fz_call *c, long live_before)
+{
+    for (int i = c->n_bufs - 1; i >= 0; i--)
+        lmk_buffer_free(c->bufs[i]);
+    c->n_bufs = 0;
+    fz_world_release(&c->world);
+    FZ_CHECK(atomic_load(&fz_n_live) == live_before, "leak: %ld host allocations outstanding, %ld before the call",
+             atomic_load(&fz_n_live), live_before);
+}
+
+/* A shape of `elems` elements in one of several forms; returns ndim (0: shape NULL, meaning
+ * "byte_len / dtype size elements"). */
+static inline int fz_shape(fz_in *in, size_t elems, size_t shape[LMK_MAX_DIMS])
+{
+    switch (fz_pick(in, 6)) {
+    case 0:
+        return 0;
+    case 1:
+    case 2:
+        shape[0] = elems;
+        return 1;
+    case 3: {
+        const size_t a = 1 + fz_pick(in, 8);
+        if (elems % a == 0) {
+            shape[0] = a;
+            shape[1] = elems / a;
+            return 2;
+        }
+        shape[0] = elems;
+        shape[1] = 1;
+        return 2;
+    }
+    case 4:
+        shape[0] = 1;
+        shape[1] = elems;
+        shape[2] = 1;
+        return 3;
+    default: {
+        const int nd = 1 + (int)fz_pick(in, LMK_MAX_DIMS);
+        for (int i = 0; i < nd; i++)
+            shape[i] = 1;
+        shape[fz_pick(in, (unsigned)nd)] = elems;
+        return nd;
+    }
+    }
+}
+
+/* Makes a buffer of dtype t meant to hold `elems` elements (unless c->sane, sometimes one more or
+ * less, so the op sees wrong element counts and sizes; or NULL, or on another device). Operands
+ * that are views of the shared parent may overlap, sane or not. Creation itself must succeed:
+ * every choice here is a valid creation. */
+static inline lmk_buffer *fz_make_buffer(fz_env *e, fz_call *c, fz_in *in, lmk_dtype t, size_t elems)
+{
+    const size_t es = lmk_dtype_size(t);
+    const unsigned how = fz_pick(in, 16) % (c->sane ? 14 : 16);
+    if (how == 15)
+        return NULL;
+    switch (c->sane ? 0 : fz_pick(in, 10)) { /* wrong counts */
+    case 7:
+        elems += 1;
+        break;
+    case 8:
+        elems = elems ? elems - 1 : 0;
+        break;
+    case 9:
+        elems = fz_pick(in, 64);
+        break;
+    default:
+        break;
+    }
+    if (elems > FZ_BUF_CAP / es)
+        elems = fz_pick(in, 64);
+    size_t shape[LMK_MAX_DIMS];
+    const int ndim = fz_shape(in, elems, shape);
+    /* Pooled memory: byte_len may exceed the shape. With ndim 0 the extra changes the count. */
+    size_t extra = 0;
+    switch (c->sane && ndim == 0 ? 7 : fz_pick(in, 8)) {
+    case 0:
+        extra = es * (1 + fz_pick(in, 4));
+        break;
+    case 1:
+        extra = 1 + fz_pick(in, 7);
+        break;
+    default:
+        break;
+    }
+    const size_t byte_len = elems * es + extra;
+    lmk_buffer *b = NULL;
+    lmk_status st;
+    if (how <= 5 || how == 14) { /* alloc, on the stream's device or (14) another device */
+        st = lmk_buffer_alloc(how == 14 ? e->other : e->dev, byte_len, t, ndim ? shape : NULL, ndim, &b);
+        FZ_CHECK(st == LMK_OK, "lmk_buffer_alloc(%zu bytes, %s, ndim %d) failed: %s", byte_len, lmk_dtype_name(t), ndim,
+                 lmk_status_name(st));
+        fz_world_add(&c->world, lmk_buffer_data(b), byte_len);
+    } else if (how <= 8) { /* wrap part of the arena */
+        size_t off = fz_u16(in) % (FZ_ARENA_BYTES - byte_len + 1);
+        off -= off % es;
+        st = lmk_buffer_wrap(e->dev, e->arena + off, byte_len, t, ndim ? shape : NULL, ndim, &b);
+        FZ_CHECK(st == LMK_OK, "lmk_buffer_wrap(+%zu, %zu bytes, %s) failed: %s", off, byte_len, lmk_dtype_name(t),
+                 lmk_status_name(st));
+        fz_world_add(&c->world, e->arena, FZ_ARENA_BYTES);
+    } else if (how <= 12) { /* a view of the shared parent: operands may overlap */
+        size_t off = fz_u16(in) % (FZ_ARENA_BYTES - byte_len + 1);
+        off -= off % es;
+        if (fz_pick(in, 4) == 0)
+            off &= ~(size_t)1023; /* often the same offset as another operand: in place */
+        st = lmk_buffer_view(e->parent, off, t, ndim ? shape : NULL, ndim, &b);
+        if (st == LMK_OK && ndim == 0 && lmk_buffer_byte_len(b) > byte_len) {
+            /* ndim 0 views take the rest of the parent; keep the element count as chosen */
+            lmk_buffer_free(b);
+            shape[0] = byte_len / es;
+            st = lmk_buffer_view(e->parent, off, t, shape, 1, &b);
+        }
+        FZ_CHECK(st == LMK_OK, "lmk_buffer_view(arena+%zu, %s) failed: %s", off, lmk_dtype_name(t),
+                 lmk_status_name(st));
+        fz_world_add(&c->world, e->arena, FZ_ARENA_BYTES);
+    } else { /* a view at an offset inside an allocation of its own */
+        const size_t pre = es * fz_pick(in, 9);
+        lmk_buffer *parent = NULL;
+        st = lmk_buffer_alloc(e->dev, pre + byte_len + fz_pick(in, 16), LMK_U8, NULL, 0, &parent);
+        FZ_CHECK(st == LMK_OK, "lmk_buffer_alloc (parent) failed: %s", lmk_status_name(st));
+        fz_call_keep(c, parent);
+        fz_world_add(&c->world, lmk_buffer_data(parent), lmk_buffer_byte_len(parent));
+        if (ndim == 0) {
+            shape[0] = byte_len / es;
+            st = lmk_buffer_view(parent, pre, t, shape, 1, &b);
+        } else {
+            st = lmk_buffer_view(parent, pre, t, shape, ndim, &b);
+        }
+        FZ_CHECK(st == LMK_OK, "lmk_buffer_view(alloc+%zu, %s) failed: %s", pre, lmk_dtype_name(t),
+                 lmk_status_name(st));
+    }
+    fz_call_keep(c, b);
+    return b;
+}
+
+/* Fills every root region with bytes from the call's PRNG (what an op must not touch). */
+static inline void fz_fill_regions(fz_call *c)
+{
+    for (int i = 0; i < c->world.n; i++)
+        for (size_t j = 0; j < c->world.r[i].len; j++)
+            c->world.r[i].base[j] = (unsigned char)fz_rand(&c->rng);
+}
+
+/* Whether the first `an` bytes of buffer a and the first `bn` of b share a byte. */
+static inline bool fz_overlap(const lmk_buffer *a, size_t an, const lmk_buffer *b, size_t bn)
+{
+    const uintptr_t x = (uintptr_t)lmk_buffer_data(a), y = (uintptr_t)lmk_buffer_data(b);
+    return an && bn && x < y + bn && y < x + an;
+}
+
+/* Bytes of a buffer's shape: what an op that checks element counts touches. */
+static inline size_t fz_used(const lmk_buffer *b)
+{
+    return lmk_buffer_element_count(b) * lmk_dtype_size(lmk_buffer_dtype(b));
+}
+
+#endif /* LMK_FUZZ_COMMON_H */
