@@ -4,7 +4,7 @@
 # the kernel sweep and timing driver (tests/cuda_kernels_bench.c), and timing-only runs of kernel
 # variants made from the sources by text substitution (so experiments never enter the tree).
 #
-#   sh tests/cuda_h200.sh OUTDIR [variants...]     variants: see the table at the end; none = all
+#   sh tests/cuda_h200.sh OUTDIR [variants...]     variants: see vdef below; none by default
 #
 # Everything is logged under OUTDIR; a summary is printed last.
 OUT=${1:?usage: cuda_h200.sh OUTDIR [variants]}; shift
@@ -23,6 +23,40 @@ cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DLMK_CUDA=ON >"$OUT/build.log" 2>&1
   cmake --build $B -j "$J" >>"$OUT/build.log" 2>&1 || { tail -n 40 "$OUT/build.log"; exit 1; }
 gcc $CFLAGS $DRV $B/liblmk.a $LINK -o $B/ckb >>"$OUT/build.log" 2>&1 || { tail -n 40 "$OUT/build.log"; exit 1; }
 log "build ok ($(( $(date +%s) - t0 )) s)"
+
+# Variants: name | file | python replacement (old => new) | timing filter | sweep (1: check with the
+# quick sweep; 0: a diagnostic that computes wrong values on purpose, timed only). Each is a CMake
+# build (sm_90 only) of a copy of the tree with one substitution. The builds run in the background
+# while the tests and the sanitizers use the GPU; the timings come after the main timing.
+VDEFS=/tmp/vdefs; rm -rf $VDEFS /tmp/vs_*; mkdir -p $VDEFS
+vdef() { printf '%s\n' "$2" >$VDEFS/$1.file; printf '%s' "$3" >$VDEFS/$1.old; printf '%s' "$4" >$VDEFS/$1.new
+         printf '%s\n' "$5" >$VDEFS/$1.filter; printf '%s\n' "$6" >$VDEFS/$1.sweep; }
+# Decode diagnostics (docs/cuda_notes.md, run 5): empty returns at once (the launch's own cost in a
+# graph); nosync rotates without waiting for the angle table.
+vdef empty rope_multi.cu "    if (blk >= p.n_blocks)
+        return;" "    if (blk < p.n_blocks + 1)
+        return;" T=1 0
+vdef nosync rope_multi.cu "        __syncthreads();
+        for (;;) {
+            rot_store" "        for (;;) {
+            rot_store" T=1 0
+VARS=$*
+vbuild() {
+  name=$1 d=/tmp/vs_$1 file=$(cat $VDEFS/$1.file)
+  mkdir -p $d && tar --exclude='./build*' --exclude=./.git -cf - . | (cd $d && tar xf -)
+  python3 - "$d/src/cuda/$file" "$VDEFS/$name.old" "$VDEFS/$name.new" <<'EOF2' || { echo "pattern not found"; return 1; }
+import sys
+p, old, new = sys.argv[1], open(sys.argv[2]).read(), open(sys.argv[3]).read()
+s = open(p).read()
+if s.count(old) != 1:
+    sys.exit(1)
+open(p, "w").write(s.replace(old, new))
+EOF2
+  cmake -S $d -B $d/b -DCMAKE_BUILD_TYPE=Release -DLMK_CUDA=ON -DLMK_BUILD_TESTS=OFF -DCMAKE_CUDA_ARCHITECTURES=90-real &&
+    cmake --build $d/b -j 4 --target lmk_static && gcc $CFLAGS $DRV $d/b/liblmk.a $LINK -o $d/ckb && echo BUILT
+}
+( for v in $VARS; do [ -f $VDEFS/$v.file ] && vbuild $v >"$OUT/var_$v.log" 2>&1; done ) &
+VPID=$!
 
 # The test programs (CPU and CUDA cases). LMK_TEST_QUICK keeps the CPU reference work short.
 LMK_TEST_QUICK=1 timeout 300 sh tests/run_tests.sh $B/tests >"$OUT/tests.log" 2>&1
@@ -47,33 +81,17 @@ log "ckb (rc $?): $(grep -E '^sweep:' "$OUT/bench.log") | $(tail -n 1 "$OUT/benc
 grep -E "^FAIL" "$OUT/bench.log" | head -n 10 | tee -a "$OUT/summary.txt"
 grep -E " us |us/call" "$OUT/bench.log" | tee -a "$OUT/summary.txt"
 
-# Variants: name | file | python replacement (old => new) | timing filter. Each is a full CMake
-# build of a copy of the tree (sm_90 only), checked with the quick sweep, then timed.
-variant() {
-  name=$1 file=$2 old=$3 new=$4 filter=$5
-  rm -rf /tmp/vs && mkdir -p /tmp/vs && tar --exclude='./build*' --exclude=./.git -cf - . | (cd /tmp/vs && tar xf -)
-  python3 - "/tmp/vs/src/cuda/$file" "$old" "$new" <<'EOF' || { log "variant $name: pattern not found"; return; }
-import sys
-p, old, new = sys.argv[1:4]
-s = open(p).read()
-if old not in s:
-    sys.exit(1)
-open(p, "w").write(s.replace(old, new))
-EOF
-  { cmake -S /tmp/vs -B /tmp/vs/b -DCMAKE_BUILD_TYPE=Release -DLMK_CUDA=ON -DLMK_BUILD_TESTS=OFF -DCMAKE_CUDA_ARCHITECTURES=90-real &&
-    cmake --build /tmp/vs/b -j "$J" --target lmk_static && gcc $CFLAGS $DRV /tmp/vs/b/liblmk.a $LINK -o /tmp/ckb_var; } >"$OUT/var_$name.log" 2>&1 ||
-    { log "variant $name: build failed"; return; }
-  timeout 100 /tmp/ckb_var --quick >>"$OUT/var_$name.log" 2>&1
-  log "[$name] quick sweep (rc $?): $(tail -n 1 "$OUT/var_$name.log")"
-  timeout 100 /tmp/ckb_var --time-only --filter "$filter" >>"$OUT/var_$name.log" 2>&1
-  grep -E " us |us/call" "$OUT/var_$name.log" | sed "s/^/[$name] /" | tee -a "$OUT/summary.txt"
-}
-VARS=${*:-items2k small direct}
-want() { case " $VARS " in *" $1 "*) return 0 ;; esac; return 1; }
-want items2k && variant items2k rope_multi.cu "constexpr uint32_t kBlockItems = 1024;" "constexpr uint32_t kBlockItems = 2048;" "rope"
-want small && variant small rope_multi.cu "constexpr int kRotBatch = 2;          /* pair items a thread loads (two units each) before storing */
-constexpr int kCopyBatch = 4;" "constexpr int kRotBatch = 1; constexpr int kCopyBatch = 2;" "rope"
-want direct && variant direct rope_multi.cu "rope_multi_kernel<DT, VE><<<blocks, kThreads, 0, st>>>(p);" "void *args[] = {(void *)&p}; (void)cudaLaunchKernel((const void *)rope_multi_kernel<DT, VE>, blocks, dim3(kThreads), args, 0, st);" "T=1"
+wait $VPID
+for v in $VARS; do
+  [ -f $VDEFS/$v.file ] || { log "variant $v: unknown"; continue; }
+  grep -q BUILT "$OUT/var_$v.log" || { log "variant $v: build failed or pattern not found"; continue; }
+  if [ "$(cat $VDEFS/$v.sweep)" = 1 ]; then
+    timeout 100 /tmp/vs_$v/ckb --quick >>"$OUT/var_$v.log" 2>&1
+    log "[$v] quick sweep (rc $?): $(tail -n 1 "$OUT/var_$v.log")"
+  fi
+  timeout 150 /tmp/vs_$v/ckb --time-only --filter "$(cat $VDEFS/$v.filter)" >>"$OUT/var_$v.log" 2>&1
+  grep -E " us |us/call" "$OUT/var_$v.log" | sed "s/^/[$v] /" | tee -a "$OUT/summary.txt"
+done
 log "done in $(( $(date +%s) - t0 )) s"
 # At most 8 files come back: fold the sanitizer and variant logs into two.
 for f in "$OUT"/san_*.log; do echo "===== $f"; tail -n 30 "$f"; done >"$OUT/sanitizers.txt" 2>/dev/null && rm -f "$OUT"/san_*.log

@@ -255,6 +255,8 @@ static void rope_sweep(lmk_device *dev, lmk_stream *s, bool quick)
         {20, 4, 2, 3, 5, LMK_ROPE_IMROPE, {1, 0, 1, 0}, 100.0f},       /* half 2 */
         {24, 16, 2, 1, 4, LMK_ROPE_IMROPE, {0, 0, 0, 0}, 1e4f},        /* sections sum 0: all axis e */
         {64, 32, 3, 1, 4, LMK_ROPE_MROPE, {0xffffffffu, 0xffffffffu, 5, 0}, 1e4f}, /* huge sections */
+        {32, 32, 2, 1, 3, LMK_ROPE_MROPE, {3, 2, 1, 0}, 1e4f},         /* sum 6 < 16 pairs: wraps */
+        {48, 40, 2, 2, 3, LMK_ROPE_IMROPE, {2, 3, 1, 1}, 1e4f},        /* sum 7 < 20 pairs, axis e */
         {2, 2, 1, 0, 33, LMK_ROPE_IMROPE, {1, 0, 0, 0}, 1e4f},
         {4200, 4200, 2, 1, 3, LMK_ROPE_IMROPE, {11, 11, 10, 0}, 1e7f},    /* 2100 pairs: two table chunks */
         {4400, 4196, 2, 1, 3, LMK_ROPE_MROPE, {700, 700, 698, 0}, 1e7f},  /* 2098 pairs: 8-byte units */

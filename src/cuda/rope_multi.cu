@@ -14,10 +14,11 @@
  * It first computes the (cos, sin) of every (token, pair) of its tile into shared memory, one angle
  * per thread, so each angle is computed once and read by all 28 heads of q and k (once per row group
  * at decode). The order within a block: a thread loads its first batch of pair units (16-byte loads,
- * kRotBatch items), computes its angle, streams its copy units (kCopyBatch in flight; they need no
- * angle), and only then waits at the barrier and rotates and stores the pair units. So the angle
- * math is hidden behind memory traffic, and at decode all of a thread's loads start at once. Pair
- * and copy items are enumerated separately, so a warp runs one kind of work and does not diverge.
+ * kRotBatch items) and its first batch of copy units (kCopyBatch; they need no angle), computes its
+ * angle, stores the copy units and streams the rest, and only then waits at the barrier and rotates
+ * and stores the pair units. So the angle chain overlaps a memory round trip instead of delaying
+ * one, and at decode all of a thread's loads start at once. Pair and copy items are enumerated
+ * separately, so a warp runs one kind of work and does not diverge.
  * Rows with rope_dim/2 beyond the shared-memory table (kSmemPairs) are processed in chunks of pairs.
  * In place (in == out) there are no copy units: only the rotated elements are read and written.
  * Untouched elements move as raw integer words: bit-exact, NaN payloads included.
@@ -25,9 +26,9 @@
  * Precision (SPEC.md: f32 within 1e-5 of float64 for |x| <= 2 up to |pos| = 2^20). The f32 seed
  * computes pos * powf(base, -2p/R) in f32, whose error at 2^20 is ~0.06 rad. Here:
  *   inv_freq(p) = exp2(p * log2_step) in double (log2_step = -2*log2(base)/R, from the host);
- *   theta = pos * inv_freq in double, reduced by 2*pi*rint(theta/2pi) with a two-constant
+ *   theta = pos * inv_freq in double, reduced by k*pi/2, k = rint(theta*2/pi), with a two-constant
  *   Cody-Waite reduction in double (exact to ~1e-16 for |theta| <= 2^20);
- *   sincosf of the reduced f32 angle (|r| <= pi: sincosf's fast path, ~1 ulp).
+ *   sin and cos of the reduced f32 angle (|r| <= pi/4) by minimax polynomials (rope_cs: 1.5 ulp).
  * The angle error is then ~1e-7 rad, so f32 results sit within ~1e-6 of float64 and bf16/f16
  * results within one ulp.
  */
@@ -43,9 +44,13 @@
 namespace {
 
 constexpr int kThreads = 256;
-constexpr uint32_t kSmemPairs = 2048; /* (cos, sin) slots per block: 16 KB of shared memory */
-constexpr int kRotBatch = 2;          /* pair items a thread loads (two units each) before storing */
-constexpr int kCopyBatch = 4;         /* copy items a thread loads before storing */
+constexpr uint32_t kSmemPairs = 2048; /* most (cos, sin) slots of a block: 16 KB of shared memory */
+/* Items a thread loads before it stores them, the most that fit 80 registers without spills. Pair
+ * items (two units each): 1 in the kernel with copy items (there a block of the model shapes has
+ * fewer pair items than threads: Qwen3.5, 224), 4 in the one without (in place, or rope_dim ==
+ * head_dim). Copy items: 5 (a Qwen3.5 block has 1344: one batch, and a sixth item for 64 threads). */
+template <bool COPY> constexpr int kRotBatch = COPY ? 1 : 4;
+constexpr int kCopyBatch = 5;
 constexpr uint32_t kBlockItems = 1024; /* work items a block aims for at prefill: 4 per thread */
 
 /* Everything a launch needs, passed by value (kernel parameter space: no allocation, no copy). */
@@ -65,7 +70,8 @@ struct RopeParams {
     uint32_t tile_tokens;           /* tokens per block */
     uint32_t groups, rows_per_group;
     uint32_t copy0, copy1;          /* tensor j is out of place: copy its untouched elements */
-    uint32_t sections[4];
+    uint32_t sect;                  /* sections' sum (0 -> 1), capped at 2^32 - 1 (no pair reaches it) */
+    uint32_t lim[3];                /* rope_axis: sector bounds of axes t, h, w (capped likewise) */
     int mode;
     double log2_step;               /* -2*log2(base)/rope_dim: inv_freq(p) = exp2(p*log2_step) */
 };
@@ -186,24 +192,59 @@ template <int DT, int VE> __device__ __forceinline__ Raw<VE * Elem<DT>::size> pa
     return r;
 }
 
-/* 2*pi split in two doubles for the Cody-Waite reduction: hi is the double nearest 2*pi and lo the
- * double nearest 2*pi - hi, so k*(hi + lo) is 2*pi*k to ~1e-32 relative for |k| < 2^20. */
-constexpr double kTwoPiHi = 6.283185307179586232e+00;
-constexpr double kTwoPiLo = 2.449293598294706414e-16;
-constexpr double kInvTwoPi = 1.591549430918953456e-01;
-
-/* (cos, sin) of pair `pair` of token t. */
-__device__ __forceinline__ float2 rope_angle(const RopeParams &p, uint64_t t, uint32_t pair)
+/* The position axis of a pair: lmk_rope_axis (rope_common.h) with its sums precomputed by the host
+ * (lim: 3*s0, 3*s1, 3*s2 for IMROPE; s0, s0+s1, s0+s1+s2 for MROPE; all capped at 2^32 - 1, which no
+ * sector reaches, so the caps change no comparison). The same rule, but in 32 bits and with no
+ * division when pair < sect (Qwen: always): the shared version's two 64-bit remainders are
+ * ~100-cycle subroutines, and they sat in front of the position load on every angle's critical path. */
+__device__ __forceinline__ uint32_t rope_axis(const RopeParams &p, uint32_t pair)
 {
-    const uint32_t sec[4] = {p.sections[0], p.sections[1], p.sections[2], p.sections[3]};
-    const int axis = lmk_rope_axis(p.mode, sec, pair);
-    const double pos = (double)__ldg(p.pos + (uint64_t)axis * p.seq + t);
-    const double theta = pos * exp2((double)pair * p.log2_step);
-    const double k = rint(theta * kInvTwoPi);
-    const double red = fma(-k, kTwoPiLo, fma(-k, kTwoPiHi, theta));
-    float s, c;
-    sincosf((float)red, &s, &c);
-    return make_float2(c, s);
+    const uint32_t sector = pair < p.sect ? pair : pair % p.sect;
+    if (p.mode == LMK_ROPE_IMROPE) {
+        const uint32_t r = sector % 3u;
+        return sector < p.lim[r] ? r : 3u;
+    }
+    return sector < p.lim[0] ? 0u : sector < p.lim[1] ? 1u : sector < p.lim[2] ? 2u : 3u;
+}
+
+/* pi/2 split in two doubles for the Cody-Waite reduction: hi is the double nearest pi/2 and lo the
+ * double nearest pi/2 - hi, so k*(hi + lo) is k*pi/2 to ~1e-33 relative for |k| < 2^51. */
+constexpr double kPiHalfHi = 1.57079632679489655800e+00;
+constexpr double kPiHalfLo = 6.12323399573676603587e-17;
+constexpr double kTwoOverPi = 6.36619772367581382433e-01;
+constexpr double kRound = 6755399441055744.0; /* 1.5 * 2^52: x + kRound rounds x to an integer */
+
+/* (cos, sin) of theta = pos * inv_freq. The quadrant reduction is in double: t = kRound +
+ * rint(theta*2/pi) in one FMA (its low word holds the quadrant k mod 4), r = theta - k*pi/2 in two
+ * FMAs, exact to ~1e-16 for |theta| < 2^51. Then sin and cos of the f32 r (|r| <= pi/4) by two short
+ * polynomials (the minimax ones of CUDA's own sincosf kernel; max error 7e-8 absolute, 1.5 ulp,
+ * measured against libm over 4e7 angles with |theta| <= 2^20) and a quadrant swap: branch-free, no
+ * stack frame, ~12 dependent instructions after the position arrives. The clamp only matters for
+ * |theta| >= 2^51 (absurd bases), where it keeps the result finite and bounded. */
+__device__ __forceinline__ float2 rope_cs(int32_t pos, double inv_freq)
+{
+    const double theta = (double)pos * inv_freq;
+    const double t = fma(theta, kTwoOverPi, kRound);
+    const double k = t - kRound;
+    float x = (float)fma(-k, kPiHalfLo, fma(-k, kPiHalfHi, theta));
+    x = fminf(fmaxf(x, -1.0f), 1.0f);
+    const uint32_t q = (uint32_t)__double2loint(t);
+    const float x2 = x * x;
+    const float ps = fmaf(fmaf(fmaf(-1.95152959e-4f, x2, 8.33216087e-3f), x2, -1.66666546e-1f), x2 * x, x);
+    const float pc = fmaf(fmaf(fmaf(fmaf(2.44331571e-5f, x2, -1.38873163e-3f), x2, 4.16666457e-2f), x2, -0.5f), x2, 1.0f);
+    float sn = (q & 1) ? pc : ps, cs = (q & 1) ? -ps : pc;
+    if (q & 2)
+        sn = -sn, cs = -cs;
+    return make_float2(cs, sn);
+}
+
+/* The position of angle j of the block's table (token t0 + j / cn, pair c0 + j % cn), and its pair. */
+__device__ __forceinline__ int32_t angle_pos(const RopeParams &p, uint64_t t0, uint32_t j, uint32_t c0, uint32_t cn,
+                                             uint32_t &pair)
+{
+    const uint32_t tl = j / cn;
+    pair = c0 + (j - tl * cn);
+    return __ldg(p.pos + (uint64_t)rope_axis(p, pair) * p.seq + t0 + tl);
 }
 
 /* Where row r (q for r < nh0, else k) of token t starts, in and out, and whether its tensor is
@@ -224,21 +265,21 @@ __device__ __forceinline__ RowRef row_ref(const RopeParams &p, uint64_t t, uint3
 
 /* One batch of pair items of a thread: the loaded a and b units, where to store them, and where
  * their angles sit in the shared table. */
-template <int NB> struct RotBatch {
-    Raw<NB> a[kRotBatch], b[kRotBatch];
-    unsigned char *out[kRotBatch]; /* NULL: no item */
-    uint32_t cs[kRotBatch];        /* index of the unit's first (cos, sin) in the table */
+template <int NB, int RB> struct RotBatch {
+    Raw<NB> a[RB], b[RB];
+    unsigned char *out[RB]; /* NULL: no item */
+    uint32_t cs[RB];        /* index of the unit's first (cos, sin) in the table */
 };
 
 /* Loads the pair items i, i + kThreads, ... of this block's chunk. An item is (token tl of the
  * tile, row r_lo + rr, unit u of the chunk), u fastest so a warp reads contiguous units. */
-template <int ES, int VE>
-__device__ __forceinline__ void rot_load(const RopeParams &p, RotBatch<VE * ES> &bt, uint32_t i, uint32_t n_items,
+template <int ES, int VE, int RB>
+__device__ __forceinline__ void rot_load(const RopeParams &p, RotBatch<VE * ES, RB> &bt, uint32_t i, uint32_t n_items,
                                          uint32_t nu, uint32_t nr, uint64_t t0, uint32_t r_lo, uint32_t c0,
                                          uint32_t cn)
 {
 #pragma unroll
-    for (int k = 0; k < kRotBatch; k++) {
+    for (int k = 0; k < RB; k++) {
         const uint32_t item = i + k * kThreads;
         bt.out[k] = nullptr;
         if (item < n_items) {
@@ -254,13 +295,13 @@ __device__ __forceinline__ void rot_load(const RopeParams &p, RotBatch<VE * ES> 
     }
 }
 
-template <int DT, int VE>
-__device__ __forceinline__ void rot_store(const RopeParams &p, const RotBatch<VE * Elem<DT>::size> &bt,
+template <int DT, int VE, int RB>
+__device__ __forceinline__ void rot_store(const RopeParams &p, const RotBatch<VE * Elem<DT>::size, RB> &bt,
                                           const float2 *s_cs)
 {
     constexpr int ES = Elem<DT>::size;
 #pragma unroll
-    for (int k = 0; k < kRotBatch; k++) {
+    for (int k = 0; k < RB; k++) {
         if (!bt.out[k])
             continue;
         float c[VE], sn[VE];
@@ -287,19 +328,57 @@ __device__ __forceinline__ void rot_store(const RopeParams &p, const RotBatch<VE
     }
 }
 
-/* At most 80 registers, so 3 blocks of 256 threads fit an SM (ptxas -v, sm_80 and sm_90: 56-80
- * registers, no spills, with these batch sizes; docs/cuda_notes.md). A block is one
- * (tile, row group); the grid is 2-D only when there are more than 2^31 - 1 of them. There is no
- * grid-stride loop: one cost ptxas -v showed is ~30 registers of loop-carried state. */
-template <int DT, int VE>
+/* One batch of copy items of a thread (out of place): the loaded units and where they go. An item
+ * is (token tl, row r_lo + rr, copy unit c), c fastest. */
+template <int NB> struct CopyBatch {
+    Raw<NB> v[kCopyBatch];
+    unsigned char *dst[kCopyBatch]; /* NULL: no item */
+};
+
+template <int ES, int VE>
+__device__ __forceinline__ void copy_load(const RopeParams &p, CopyBatch<VE * ES> &cb, uint32_t ci, uint32_t n_copy,
+                                          uint32_t nr, uint64_t t0, uint32_t r_lo)
+{
+#pragma unroll
+    for (int k = 0; k < kCopyBatch; k++) {
+        const uint32_t item = ci + k * kThreads;
+        cb.dst[k] = nullptr;
+        if (item < n_copy) {
+            const uint32_t c = item % p.nc, rr = item / p.nc;
+            const uint32_t tl = rr / nr, r = r_lo + (rr - tl * nr);
+            const RowRef ref = row_ref<ES>(p, t0 + tl, r);
+            if (ref.copy) {
+                const size_t off = (size_t)(c < p.nc1 ? p.c1 + c * VE : p.c2 + (c - p.nc1) * VE) * ES;
+                cb.v[k] = load<VE * ES>(ref.in + off);
+                cb.dst[k] = ref.out + off;
+            }
+        }
+    }
+}
+
+template <int NB> __device__ __forceinline__ void copy_store(const CopyBatch<NB> &cb)
+{
+#pragma unroll
+    for (int k = 0; k < kCopyBatch; k++)
+        if (cb.dst[k])
+            store<NB>(cb.dst[k], cb.v[k]);
+}
+
+/* At most 80 registers, so 3 blocks of 256 threads fit an SM (ptxas -v, sm_90: see
+ * docs/cuda_notes.md). A block is one (tile, row group); the grid is 2-D only when there are more
+ * than 2^31 - 1 of them. There is no grid-stride loop: one cost ptxas -v showed is ~30 registers of
+ * loop-carried state. COPY: the launch has copy items (p.nc > 0); without them the copy code is
+ * left out and a thread keeps twice as many pair items in flight. The (cos, sin) table is dynamic
+ * shared memory of tile_tokens * chunk entries (at most kSmemPairs; 256 B at decode). */
+template <int DT, int VE, bool COPY>
 __global__ void __launch_bounds__(kThreads, 3) rope_multi_kernel(const RopeParams p)
 {
-    constexpr int ES = Elem<DT>::size, NB = VE * ES;
-    __shared__ __align__(16) float2 s_cs[kSmemPairs];
+    constexpr int ES = Elem<DT>::size, NB = VE * ES, RB = kRotBatch<COPY>;
+    extern __shared__ __align__(16) float2 s_cs[];
     const uint64_t blk = (uint64_t)blockIdx.y * gridDim.x + blockIdx.x;
     if (blk >= p.n_blocks)
         return;
-    const uint64_t tile = blk / p.groups;
+    const uint64_t tile = blk >> 32 ? blk / p.groups : (uint32_t)blk / p.groups; /* 32-bit divide if it fits */
     const uint32_t group = (uint32_t)(blk - tile * p.groups);
     const uint64_t t0 = tile * p.tile_tokens;
     const uint32_t tt = (uint32_t)min((uint64_t)p.tile_tokens, p.seq - t0);
@@ -307,55 +386,45 @@ __global__ void __launch_bounds__(kThreads, 3) rope_multi_kernel(const RopeParam
     const uint32_t nr = min(p.rows_per_group, p.rows - r_lo);
 
     /* One chunk of pairs (usually all of them) at a time. Order within a block: the first batch of
-     * pair items is loaded, the angles are computed, the copy items (which need no angle) stream
-     * while the slowest angles finish, then the block syncs and rotates. So every phase's memory
-     * traffic overlaps the angle math, and at decode all of a thread's loads start at once. */
+     * pair items and the first batch of copy items are loaded, the angles are computed (one per
+     * thread at most: the host sizes the tiles so), the copy items are stored and the rest of them
+     * streamed, then the block syncs and rotates. So the angle chain overlaps a memory round trip
+     * instead of delaying one, and at decode every load of a thread starts at once. Copy items are
+     * dealt from the last thread down, so the first warps, which compute the angles, get the fewest. */
     for (uint32_t c0 = 0; c0 < p.half; c0 += p.chunk) {
         const uint32_t cn = min(p.chunk, p.half - c0), nu = cn / VE;
-        const uint32_t n_items = tt * nr * nu;
-        RotBatch<NB> bt;
+        const uint32_t n_items = tt * nr * nu, n_ang = tt * cn;
+        RotBatch<NB, RB> bt;
         uint32_t i = threadIdx.x;
-        rot_load<ES, VE>(p, bt, i, n_items, nu, nr, t0, r_lo, c0, cn);
+        rot_load<ES, VE, RB>(p, bt, i, n_items, nu, nr, t0, r_lo, c0, cn);
+        [[maybe_unused]] CopyBatch<NB> cb;
+        [[maybe_unused]] uint32_t ci = kThreads - 1 - threadIdx.x;
+        [[maybe_unused]] const uint32_t n_copy = c0 == 0 ? tt * nr * p.nc : 0;
+        if constexpr (COPY)
+            copy_load<ES, VE>(p, cb, ci, n_copy, nr, t0, r_lo);
         if (c0 > 0)
             __syncthreads(); /* the previous chunk's readers of s_cs are done */
-        for (uint32_t j = threadIdx.x; j < tt * cn; j += kThreads) {
-            const uint32_t tl = j / cn;
-            s_cs[j] = rope_angle(p, t0 + tl, c0 + (j - tl * cn));
+        for (uint32_t j = threadIdx.x; j < n_ang; j += kThreads) {
+            uint32_t pr;
+            const int32_t x = angle_pos(p, t0, j, c0, cn, pr);
+            s_cs[j] = rope_cs(x, exp2((double)pr * p.log2_step));
         }
-        if (c0 == 0) {
-            /* Copy items (out of place): (token, row, copy unit), unit fastest. */
-            const uint32_t n_copy = tt * nr * p.nc;
-            for (uint32_t ci = threadIdx.x; ci < n_copy; ci += kCopyBatch * kThreads) {
-                Raw<NB> v[kCopyBatch];
-                unsigned char *dst[kCopyBatch];
-#pragma unroll
-                for (int k = 0; k < kCopyBatch; k++) {
-                    const uint32_t item = ci + k * kThreads;
-                    dst[k] = nullptr;
-                    if (item < n_copy) {
-                        const uint32_t c = item % p.nc, rr = item / p.nc;
-                        const uint32_t tl = rr / nr, r = r_lo + (rr - tl * nr);
-                        const RowRef ref = row_ref<ES>(p, t0 + tl, r);
-                        if (ref.copy) {
-                            const size_t off = (size_t)(c < p.nc1 ? p.c1 + c * VE : p.c2 + (c - p.nc1) * VE) * ES;
-                            v[k] = load<NB>(ref.in + off);
-                            dst[k] = ref.out + off;
-                        }
-                    }
-                }
-#pragma unroll
-                for (int k = 0; k < kCopyBatch; k++)
-                    if (dst[k])
-                        store<NB>(dst[k], v[k]);
+        if constexpr (COPY) {
+            for (;;) {
+                copy_store<NB>(cb);
+                ci += kCopyBatch * kThreads;
+                if (ci >= n_copy)
+                    break;
+                copy_load<ES, VE>(p, cb, ci, n_copy, nr, t0, r_lo);
             }
         }
         __syncthreads();
         for (;;) {
-            rot_store<DT, VE>(p, bt, s_cs);
-            i += kRotBatch * kThreads;
+            rot_store<DT, VE, RB>(p, bt, s_cs);
+            i += RB * kThreads;
             if (i >= n_items)
                 break;
-            rot_load<ES, VE>(p, bt, i, n_items, nu, nr, t0, r_lo, c0, cn);
+            rot_load<ES, VE, RB>(p, bt, i, n_items, nu, nr, t0, r_lo, c0, cn);
         }
     }
 }
@@ -363,7 +432,11 @@ __global__ void __launch_bounds__(kThreads, 3) rope_multi_kernel(const RopeParam
 template <int DT, int VE>
 cudaError_t launch(const RopeParams &p, dim3 blocks, cudaStream_t st)
 {
-    rope_multi_kernel<DT, VE><<<blocks, kThreads, 0, st>>>(p);
+    const size_t smem = (size_t)p.tile_tokens * p.chunk * sizeof(float2);
+    if (p.nc)
+        rope_multi_kernel<DT, VE, true><<<blocks, kThreads, smem, st>>>(p);
+    else
+        rope_multi_kernel<DT, VE, false><<<blocks, kThreads, smem, st>>>(p);
     return cudaGetLastError();
 }
 
@@ -391,7 +464,9 @@ cudaError_t launch_dtype(lmk_dtype dt, uint32_t ve, const RopeParams &p, dim3 bl
 template <int DT, int VE> void preload_one(cudaError_t *first)
 {
     cudaFuncAttributes attr;
-    const cudaError_t e = cudaFuncGetAttributes(&attr, rope_multi_kernel<DT, VE>);
+    cudaError_t e = cudaFuncGetAttributes(&attr, rope_multi_kernel<DT, VE, true>);
+    if (e == cudaSuccess)
+        e = cudaFuncGetAttributes(&attr, rope_multi_kernel<DT, VE, false>);
     if (e != cudaSuccess && *first == cudaSuccess)
         *first = e;
 }
@@ -447,8 +522,16 @@ lmk_status lmk_cuda_rope_multi(lmk_stream *s, const lmk_rope_args *a)
         p.c2 = D;
     }
     p.nc = (p.copy0 || p.copy1) ? (D - a->rope_dim) / ve : 0;
-    for (int i = 0; i < 4; i++)
-        p.sections[i] = a->sections[i];
+    /* rope_axis's bounds (the sums of lmk_rope_axis, in 64 bits, capped at 2^32 - 1). */
+    {
+        const uint64_t s0 = a->sections[0], s1 = a->sections[1], s2 = a->sections[2], s3 = a->sections[3];
+        const uint64_t sect = s0 + s1 + s2 + s3, cap = 0xffffffffu;
+        const bool im = a->mode == LMK_ROPE_IMROPE;
+        const uint64_t lim[3] = {im ? 3 * s0 : s0, im ? 3 * s1 : s0 + s1, im ? 3 * s2 : s0 + s1 + s2};
+        p.sect = sect == 0 ? 1 : (uint32_t)(sect < cap ? sect : cap);
+        for (int i = 0; i < 3; i++)
+            p.lim[i] = (uint32_t)(lim[i] < cap ? lim[i] : cap);
+    }
     p.mode = (int)a->mode;
     p.log2_step = -2.0 * log2((double)a->freq_base) / (double)a->rope_dim;
 
@@ -467,8 +550,12 @@ lmk_status lmk_cuda_rope_multi(lmk_stream *s, const lmk_rope_args *a)
     p.chunk = half < kSmemPairs ? half : kSmemPairs - kSmemPairs % ve;
     const uint64_t units = (uint64_t)half / ve + p.nc;       /* per row */
     const uint64_t per_token = rows * units;
-    uint64_t tile = ceil_div(kBlockItems, per_token);
-    const uint64_t tile_max = kSmemPairs / p.chunk;
+    /* With copy items, ~kBlockItems per block (rounded up); without, at most what one batch of
+     * every thread holds (rounded down), so each thread loads all its items before the barrier. */
+    uint64_t tile = p.nc ? ceil_div(kBlockItems, per_token) : (uint64_t)kRotBatch<false> * kThreads / per_token;
+    /* At most one angle per thread (the position loads of a second would wait behind the first),
+     * which also keeps the tile within the shared table (kThreads <= kSmemPairs). */
+    const uint64_t tile_max = kThreads >= p.chunk ? kThreads / p.chunk : 1;
     tile = tile < 1 ? 1 : tile > tile_max ? tile_max : tile;
     if (tile > p.seq)
         tile = p.seq;
