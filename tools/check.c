@@ -272,34 +272,6 @@ static lmk_status guarded_check(const guarded *g, unsigned char *scratch, bool *
 
 /* ---- rope_multi ---- */
 
-static double load_float(lmk_dtype t, const void *base, size_t i)
-{
-    if (t == LMK_F32) {
-        float f;
-        memcpy(&f, (const char *)base + 4 * i, 4);
-        return f;
-    }
-    uint16_t h;
-    memcpy(&h, (const char *)base + 2 * i, 2);
-    return t == LMK_BF16 ? lmk_bf16_to_f32(h) : lmk_f16_to_f32(h);
-}
-
-/* One unit in the last place of v in a 16-bit float type, subnormals included. */
-static double ulp16(lmk_dtype t, double v)
-{
-    const int mant = t == LMK_BF16 ? 7 : 10, emin = t == LMK_BF16 ? -126 : -14;
-    int e = 0;
-    frexp(fabs(v), &e); /* |v| = m * 2^e with m in [0.5, 1): the leading bit is 2^(e-1) */
-    int lead = v == 0.0 ? emin : e - 1;
-    if (lead < emin)
-        lead = emin;
-    return ldexp(1.0, lead - mant);
-}
-
-static double rope_tol(lmk_dtype t, double ref)
-{
-    return t == LMK_F32 ? 1e-5 : ulp16(t, ref) + 1e-6;
-}
 
 /* Positions, axis-major (t, h, w, e). Text: all four axes hold the token's position. Random: each
  * axis its own, as for image patches. Large: anywhere in [-2^20, 2^20], both ends included. */
@@ -355,8 +327,8 @@ static int rope_compare(const rope_case *rc, lmk_dtype dt, const rope_host *h, i
             }
             continue;
         }
-        const double v = load_float(dt, got, i), want = h->ref[ti][i];
-        const double err = fabs(v - want), ratio = err / rope_tol(dt, want);
+        const double v = lmk_float_load(dt, got, i), want = h->ref[ti][i];
+        const double err = fabs(v - want), ratio = err / lmk_rope_tolerance(dt, want);
         if (!(ratio <= 1.0)) { /* NaN (an element never written) fails too */
             snprintf(detail, dn, "error %.3g = %.3g x tol at %s[t=%zu,h=%zu,d=%zu]: got %.9g want %.9g", err, ratio,
                      tname, t, head, d, v, want);

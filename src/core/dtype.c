@@ -8,6 +8,7 @@
  */
 #include "core/internal.h"
 
+#include <math.h>
 #include <string.h>
 
 static const struct {
@@ -101,4 +102,33 @@ uint16_t lmk_f32_to_f16(float f)
     if (rem > half || (rem == half && (q & 1u)))
         q++;
     return (uint16_t)(sign | q);
+}
+
+double lmk_float_load(lmk_dtype t, const void *base, size_t i)
+{
+    if (t == LMK_F32) {
+        float f;
+        memcpy(&f, (const char *)base + 4 * i, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, (const char *)base + 2 * i, 2);
+    return t == LMK_BF16 ? lmk_bf16_to_f32(h) : lmk_f16_to_f32(h);
+}
+
+double lmk_ulp(lmk_dtype t, double v)
+{
+    const int frac_bits = t == LMK_BF16 ? 7 : t == LMK_F16 ? 10 : 23;
+    const double min_spacing = ldexp(1.0, t == LMK_BF16 ? -133 : t == LMK_F16 ? -24 : -149);
+    if (v == 0 || !isfinite(v))
+        return min_spacing;
+    int e;
+    frexp(fabs(v), &e); /* |v| in [2^(e-1), 2^e) */
+    const double u = ldexp(1.0, e - 1 - frac_bits);
+    return u > min_spacing ? u : min_spacing;
+}
+
+double lmk_rope_tolerance(lmk_dtype t, double ref)
+{
+    return t == LMK_F32 ? 1e-5 : lmk_ulp(t, ref) + 1e-6;
 }

@@ -67,6 +67,17 @@ typedef struct lmk_rope_args {
     lmk_rope_tensor t[2];
 } lmk_rope_args;
 
+/* ---- element access and the precision contract (src/core/dtype.c) ---- */
+
+/* Element i of an f32, bf16 or f16 array, widened exactly. */
+double lmk_float_load(lmk_dtype t, const void *base, size_t i);
+/* One unit in the last place of dtype t (f32, bf16, f16) at magnitude |v|, subnormal spacing
+ * included; the smallest spacing for 0 and non-finite v. */
+double lmk_ulp(lmk_dtype t, double v);
+/* SPEC.md's rope precision contract for an output whose float64 result is ref: 1e-5 absolute for
+ * f32 (for |x| <= 2 and |position| <= 2^20), one ulp plus 1e-6 absolute for bf16 and f16. */
+double lmk_rope_tolerance(lmk_dtype t, double ref);
+
 /* ---- naive float64 references over host memory: the executable spec (src/ops/<op>_ref.c) ---- */
 
 void lmk_ref_repeat_tiled(const lmk_repeat_args *a);

@@ -116,7 +116,7 @@ static void cpu_device_close(lmk_device *dev)
 static lmk_status cpu_mem_alloc(lmk_device *dev, size_t n, void **out)
 {
     (void)dev;
-    void *p = lmk_host_calloc(n, 64);
+    void *p = lmk_host_calloc(n ? n : 1, 64); /* a hook may answer NULL for 0 bytes; 0 must work */
     if (!p)
         return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk_buffer_alloc: cannot allocate %zu bytes of host memory", n);
     *out = p;

@@ -207,7 +207,7 @@ static void fill_angles(const rope_job *j, rope_table *tb, size_t n, size_t toke
 
 /* ---- rows: scalar ---- */
 
-static float load_scalar(lmk_dtype dt, const unsigned char *p)
+LMK_INLINE float load_scalar(lmk_dtype dt, const unsigned char *p)
 {
     if (dt == LMK_F32) {
         float f;
@@ -216,28 +216,54 @@ static float load_scalar(lmk_dtype dt, const unsigned char *p)
     }
     uint16_t h;
     memcpy(&h, p, 2);
-    return dt == LMK_BF16 ? lmk_bf16_to_f32(h) : lmk_f16_to_f32(h);
+    if (dt == LMK_F16)
+        return lmk_f16_to_f32(h);
+    const uint32_t u = (uint32_t)h << 16; /* bf16 inline: lmk_bf16_to_f32 is a call per element */
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
 }
 
-static void store_scalar(lmk_dtype dt, unsigned char *p, float f)
+LMK_INLINE void store_scalar(lmk_dtype dt, unsigned char *p, float f)
 {
     if (dt == LMK_F32) {
         memcpy(p, &f, 4);
         return;
     }
-    const uint16_t h = dt == LMK_BF16 ? lmk_f32_to_bf16(f) : lmk_f32_to_f16(f);
+    uint16_t h;
+    if (dt == LMK_F16) {
+        h = lmk_f32_to_f16(f);
+    } else { /* lmk_f32_to_bf16, inline */
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        h = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
     memcpy(p, &h, 2);
 }
 
-/* Rotates pairs [i0, n) of the chunk: a at ia[i], b at ib[i] (element indices), cos/sin c[i], s[i]. */
-static void rotate_scalar(lmk_dtype dt, size_t es, const unsigned char *ia, const unsigned char *ib,
-                          unsigned char *oa, unsigned char *ob, const float *c, const float *s, size_t i0, size_t n)
+LMK_INLINE void rotate_scalar_dt(lmk_dtype dt, size_t es, const unsigned char *ia, const unsigned char *ib,
+                                 unsigned char *oa, unsigned char *ob, const float *c, const float *s, size_t i0,
+                                 size_t n)
 {
     for (size_t i = i0; i < n; i++) {
         const float a = load_scalar(dt, ia + i * es), b = load_scalar(dt, ib + i * es);
         store_scalar(dt, oa + i * es, a * c[i] - b * s[i]);
         store_scalar(dt, ob + i * es, a * s[i] + b * c[i]);
     }
+}
+
+/* Rotates pairs [i0, n) of the chunk: a at ia[i], b at ib[i] (element indices), cos/sin c[i], s[i].
+ * The portable path and the vector kernels' tails. One loop per dtype, so f32 vectorises. */
+static void rotate_scalar(lmk_dtype dt, size_t es, const unsigned char *ia, const unsigned char *ib,
+                          unsigned char *oa, unsigned char *ob, const float *c, const float *s, size_t i0, size_t n)
+{
+    if (dt == LMK_F32)
+        rotate_scalar_dt(LMK_F32, 4, ia, ib, oa, ob, c, s, i0, n);
+    else if (dt == LMK_BF16)
+        rotate_scalar_dt(LMK_BF16, 2, ia, ib, oa, ob, c, s, i0, n);
+    else
+        rotate_scalar_dt(LMK_F16, 2, ia, ib, oa, ob, c, s, i0, n);
+    (void)es;
 }
 
 /* Copies row k's elements that no pair touches: [half, stride) and [stride + half, head_dim) (the

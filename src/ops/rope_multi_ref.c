@@ -11,18 +11,6 @@
 #include <math.h>
 #include <string.h>
 
-static double load(lmk_dtype t, const void *base, size_t i)
-{
-    if (t == LMK_F32) {
-        float f;
-        memcpy(&f, (const char *)base + 4 * i, 4);
-        return f;
-    }
-    uint16_t h;
-    memcpy(&h, (const char *)base + 2 * i, 2);
-    return t == LMK_BF16 ? lmk_bf16_to_f32(h) : lmk_f16_to_f32(h);
-}
-
 static void store(lmk_dtype t, void *base, size_t i, double v)
 {
     const float f = (float)v;
@@ -45,7 +33,7 @@ static void rotate_row(const lmk_rope_args *a, int ti, size_t token, size_t row,
 
     if (out64)
         for (size_t j = 0; j < d; j++)
-            out64[base + j] = load(a->dtype, t->in, base + j);
+            out64[base + j] = lmk_float_load(a->dtype, t->in, base + j);
     if (store_out && t->out != t->in)
         memcpy((char *)t->out + base * es, (const char *)t->in + base * es, d * es);
 
@@ -55,7 +43,7 @@ static void rotate_row(const lmk_rope_args *a, int ti, size_t token, size_t row,
         const double theta = pos * pow((double)a->freq_base, -2.0 * (double)p / (double)a->rope_dim);
         const double c = cos(theta), s = sin(theta);
         const size_t ia = base + p, ib = base + p + stride;
-        const double x = load(a->dtype, t->in, ia), y = load(a->dtype, t->in, ib);
+        const double x = lmk_float_load(a->dtype, t->in, ia), y = lmk_float_load(a->dtype, t->in, ib);
         vals[0] = x * c - y * s;
         vals[1] = x * s + y * c;
         if (out64) {
