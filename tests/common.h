@@ -89,8 +89,8 @@ typedef struct tst_dev {
  * case per device opened. Returns how many were opened. */
 int  tst_devs_open(tst_dev devs[TST_MAX_DEVS]);
 /* tst_devs_open, plus CPU devices capped at each lower instruction-set level of the CPU backend
- * ("cpu/avx2", "cpu/scalar", through the LMK_CPU_ISA variable that src/cpu reads at device open),
- * so one machine tests every CPU path. Nothing extra when the caller set LMK_CPU_ISA. */
+ * ("cpu/avx2/3t", "cpu/scalar/5t", through the LMK_CPU_ISA variable that src/cpu reads at device
+ * open), with streams of 3 and 5 threads, so one machine tests every CPU path and uneven splits. Nothing extra when the caller set LMK_CPU_ISA. */
 int  tst_devs_open_isas(tst_dev devs[TST_MAX_DEVS]);
 void tst_devs_close(tst_dev *devs, int n);
 

@@ -62,8 +62,9 @@ int tst_devs_open(tst_dev devs[TST_MAX_DEVS])
     return n;
 }
 
-/* Opens a CPU device and stream with LMK_CPU_ISA set to `isa` during the open. */
-static bool open_cpu_capped(tst_dev *d, const char *isa)
+/* Opens a CPU device and stream with LMK_CPU_ISA set to `isa` during the open, and a stream of
+ * n_threads threads: odd counts, so work splits that only go wrong when shares are uneven show. */
+static bool open_cpu_capped(tst_dev *d, const char *isa, int n_threads)
 {
     memset(d, 0, sizeof *d);
     setenv("LMK_CPU_ISA", isa, 1);
@@ -71,7 +72,9 @@ static bool open_cpu_capped(tst_dev *d, const char *isa)
     unsetenv("LMK_CPU_ISA");
     if (!TST_REQUIRE(st == LMK_OK, "open cpu capped at %s: %s: %s", isa, lmk_status_name(st), lmk_last_error()))
         return false;
-    st = lmk_stream_create(d->dev, &d->stream);
+    st = lmk_device_set_threads(d->dev, n_threads);
+    if (st == LMK_OK)
+        st = lmk_stream_create(d->dev, &d->stream);
     if (!TST_REQUIRE(st == LMK_OK, "cpu/%s stream: %s: %s", isa, lmk_status_name(st), lmk_last_error())) {
         lmk_device_close(d->dev);
         d->dev = NULL;
@@ -84,7 +87,7 @@ static bool open_cpu_capped(tst_dev *d, const char *isa)
         memset(d, 0, sizeof *d);
         return false;
     }
-    snprintf(d->name, sizeof d->name, "cpu/%s", isa);
+    snprintf(d->name, sizeof d->name, "cpu/%s/%dt", isa, n_threads);
     d->backend = LMK_BACKEND_CPU;
     d->isa_variant = true;
     return true;
@@ -98,9 +101,9 @@ int tst_devs_open_isas(tst_dev devs[TST_MAX_DEVS])
         return n;
     const char *name = lmk_device_name(devs[0].dev);
     const bool has512 = strstr(name, "avx512") != NULL, has2 = has512 || strstr(name, "avx2") != NULL;
-    if (has512 && n < TST_MAX_DEVS && open_cpu_capped(&devs[n], "avx2"))
+    if (has512 && n < TST_MAX_DEVS && open_cpu_capped(&devs[n], "avx2", 3))
         n++;
-    if (has2 && n < TST_MAX_DEVS && open_cpu_capped(&devs[n], "scalar"))
+    if (has2 && n < TST_MAX_DEVS && open_cpu_capped(&devs[n], "scalar", 5))
         n++;
     return n;
 }
