@@ -196,7 +196,9 @@ LMK_API void     *lmk_buffer_data(const lmk_buffer *buf);
  * lmk_stream_sync waits for all of it and reports asynchronous failures. On the CPU an op runs to
  * completion on the stream's own worker threads before the call returns, so sync only returns
  * LMK_OK. On CUDA an op only enqueues kernels; faults during them surface as LMK_ERR_DEVICE at a
- * later call or at lmk_stream_sync.
+ * later call or at lmk_stream_sync. Such a fault (e.g. an op on a buffer wrapping freed device
+ * memory) is sticky: the device stays unusable in this process, every later call on it returns
+ * LMK_ERR_DEVICE, and only freeing/closing its handles still works (lmk_cuda.h has the detail).
  * ---------------------------------------------------------------------------------------------- */
 
 LMK_API lmk_status lmk_stream_create(lmk_device *dev, lmk_stream **out);
