@@ -260,7 +260,15 @@ static void rope_sweep(lmk_device *dev, lmk_stream *s, bool quick)
         {2, 2, 1, 0, 33, LMK_ROPE_IMROPE, {1, 0, 0, 0}, 1e4f},
         {4200, 4200, 2, 1, 3, LMK_ROPE_IMROPE, {11, 11, 10, 0}, 1e7f},    /* 2100 pairs: two table chunks */
         {4400, 4196, 2, 1, 3, LMK_ROPE_MROPE, {700, 700, 698, 0}, 1e7f},  /* 2098 pairs: 8-byte units */
+        /* small T: the decode kernel (T x row groups <= 2 per SM) */
+        {256, 64, 24, 4, 3, LMK_ROPE_IMROPE, {11, 11, 10, 0}, 1e7f},    /* qwen3.5-27B, 3 tokens */
+        {256, 64, 24, 0, 2, LMK_ROPE_IMROPE, {11, 11, 10, 0}, 1e7f},    /* q alone, 2 tokens */
+        {2048, 2048, 2, 1, 2, LMK_ROPE_IMROPE, {11, 11, 10, 0}, 1e7f},  /* 1024 pairs: angles > threads */
+        {1032, 1000, 3, 2, 1, LMK_ROPE_MROPE, {100, 200, 150, 50}, 1e6f}, /* 500 pairs: 4-element units, axis e */
     };
+    /* The general kernel at the odd shapes too: T large enough (300 > 2 blocks per SM of 132 SMs)
+     * that the small-T kernel is not chosen for them. */
+    static const size_t general_from = 5, general_to = 14;
     static const lmk_dtype dts[] = {LMK_F32, LMK_BF16, LMK_F16};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int d = 0; d < 3; d++)
@@ -271,10 +279,18 @@ static void rope_sweep(lmk_device *dev, lmk_stream *s, bool quick)
                         for (size_t off = 1; off <= 4; off *= 2)
                             rope_case(dev, s, &shapes[i], dts[d], (lmk_rope_pairing)pairing, ip, off, false);
                 }
+    for (size_t i = general_from; i < general_to; i++) {
+        rope_shape sh = shapes[i];
+        sh.T = 300;
+        for (int d = 0; d < 3; d++)
+            for (int pairing = 0; pairing < 2; pairing++)
+                for (int ip = 0; ip < 2; ip++)
+                    rope_case(dev, s, &sh, dts[d], (lmk_rope_pairing)pairing, ip, 0, false);
+    }
     rope_case(dev, s, &shapes[1], LMK_F32, LMK_ROPE_PAIR_HALF_ROPE, false, 0, true);
     const rope_shape big = {2, 2, 1, 1, quick ? 4096u : 1u << 20, LMK_ROPE_IMROPE, {11, 11, 10, 0}, 1e7f};
     rope_case(dev, s, &big, LMK_F32, LMK_ROPE_PAIR_HALF_ROPE, false, 0, false); /* T = 2^20 */
-    const rope_shape big2 = {256, 64, 24, 4, quick ? 64u : 4106u, LMK_ROPE_IMROPE, {11, 11, 10, 0}, 1e7f};
+    const rope_shape big2 = {256, 64, 24, 4, quick ? 300u : 4106u, LMK_ROPE_IMROPE, {11, 11, 10, 0}, 1e7f};
     rope_case(dev, s, &big2, LMK_BF16, LMK_ROPE_PAIR_HALF_ROPE, false, 0, false);
     rope_case(dev, s, &big2, LMK_F32, LMK_ROPE_PAIR_HALF_ROPE, true, 0, false);
 }

@@ -21,6 +21,9 @@
  * separately, so a warp runs one kind of work and does not diverge.
  * Rows with rope_dim/2 beyond the shared-memory table (kSmemPairs) are processed in chunks of pairs.
  * In place (in == out) there are no copy units: only the rotated elements are read and written.
+ * Small T (decode): when T x row groups is at most 2 blocks per SM, a second kernel
+ * (rope_decode_kernel) does the same work with one token per block, one item per thread and every
+ * index precomputed by the host; see its comment and docs/cuda_notes.md (v6).
  * Untouched elements move as raw integer words: bit-exact, NaN payloads included.
  *
  * Precision (SPEC.md: f32 within 1e-5 of float64 for |x| <= 2 up to |pos| = 2^20). The f32 seed
@@ -52,6 +55,13 @@ constexpr uint32_t kSmemPairs = 2048; /* most (cos, sin) slots of a block: 16 KB
 template <bool COPY> constexpr int kRotBatch = COPY ? 1 : 4;
 constexpr int kCopyBatch = 5;
 constexpr uint32_t kBlockItems = 1024; /* work items a block aims for at prefill: 4 per thread */
+/* The small-T kernel: threads a block aims for (whole rows of one token, one item per thread), the
+ * most pairs per row (its (cos, sin) table: 8 KB) and items per row (one row per block at most:
+ * 1024 threads) it takes. It is chosen when its grid, T x row groups, is at most 2 blocks per SM:
+ * there the general kernel cannot fill the GPU either. */
+constexpr uint32_t kDecThreads = 256;
+constexpr uint32_t kDecMaxPairs = 1024;
+constexpr uint32_t kDecMaxItems = 1024;
 
 /* Everything a launch needs, passed by value (kernel parameter space: no allocation, no copy). */
 struct RopeParams {
@@ -74,6 +84,27 @@ struct RopeParams {
     uint32_t lim[3];                /* rope_axis: sector bounds of axes t, h, w (capped likewise) */
     int mode;
     double log2_step;               /* -2*log2(base)/rope_dim: inv_freq(p) = exp2(p*log2_step) */
+};
+
+/* The small-T (decode) kernel's launch: everything the kernel would otherwise derive with run-time
+ * divisions is computed by the host. A block is (token blockIdx.x, rows blockIdx.y * blockDim.y +
+ * threadIdx.y); threadIdx.x is the item of the row: [0, npu) pair units, then copy units. */
+struct DecParams {
+    const unsigned char *in0, *in1;
+    unsigned char *out0, *out1;
+    const int32_t *pos;
+    uint32_t seq;                   /* T (small: at most 2 blocks per SM in all) */
+    uint32_t nh0, nh1, rows;
+    uint32_t row_bytes, stride_b;   /* head_dim * ES; pair stride * ES */
+    uint32_t npu;                   /* pair units per row (half / VE) */
+    uint32_t nc1;                   /* copy units in untouched range 1 */
+    uint32_t c1_b, c2_b;            /* byte offset of copy unit c: c1_b + c*NB (c < nc1), else c2_b + c*NB */
+    uint32_t half, n_threads;       /* pairs per row; threads per block */
+    uint32_t copy0, copy1;
+    uint32_t sect;
+    uint32_t lim[3];
+    int mode;
+    double log2_step;
 };
 
 /* A unit of NB bytes held as 32-bit words (NB = 2 uses the low half of w[0]). */
@@ -197,12 +228,13 @@ template <int DT, int VE> __device__ __forceinline__ Raw<VE * Elem<DT>::size> pa
  * sector reaches, so the caps change no comparison). The same rule, but in 32 bits and with no
  * division when pair < sect (Qwen: always): the shared version's two 64-bit remainders are
  * ~100-cycle subroutines, and they sat in front of the position load on every angle's critical path. */
-__device__ __forceinline__ uint32_t rope_axis(const RopeParams &p, uint32_t pair)
+template <class P> __device__ __forceinline__ uint32_t rope_axis(const P &p, uint32_t pair)
 {
     const uint32_t sector = pair < p.sect ? pair : pair % p.sect;
     if (p.mode == LMK_ROPE_IMROPE) {
         const uint32_t r = sector % 3u;
-        return sector < p.lim[r] ? r : 3u;
+        const uint32_t lim = r == 0 ? p.lim[0] : r == 1 ? p.lim[1] : p.lim[2]; /* no indexed parameter */
+        return sector < lim ? r : 3u;
     }
     return sector < p.lim[0] ? 0u : sector < p.lim[1] ? 1u : sector < p.lim[2] ? 2u : 3u;
 }
@@ -295,37 +327,45 @@ __device__ __forceinline__ void rot_load(const RopeParams &p, RotBatch<VE * ES, 
     }
 }
 
+/* Rotates one pair item (a and b units, the (cos, sin) of its VE pairs at cs) and stores it at out
+ * and out + stride_b. Both kernels use this, so their results are bit-identical. */
+template <int DT, int VE>
+__device__ __forceinline__ void rotate_store(const Raw<VE * Elem<DT>::size> &ra, const Raw<VE * Elem<DT>::size> &rb,
+                                             const float2 *cs_at, unsigned char *out, size_t stride_b)
+{
+    constexpr int ES = Elem<DT>::size;
+    float c[VE], sn[VE];
+    if constexpr (VE == 1) {
+        const float2 cs = cs_at[0];
+        c[0] = cs.x, sn[0] = cs.y;
+    } else { /* two pairs per 16-byte shared load: cs_at is 16-byte aligned */
+#pragma unroll
+        for (int e = 0; e < VE; e += 2) {
+            const float4 q = *reinterpret_cast<const float4 *>(cs_at + e);
+            c[e] = q.x, sn[e] = q.y, c[e + 1] = q.z, sn[e + 1] = q.w;
+        }
+    }
+    float oa[VE], ob[VE];
+#pragma unroll
+    for (int e = 0; e < VE; e++) {
+        const float a = Elem<DT>::widen(get_bits<DT, VE>(ra, e));
+        const float b = Elem<DT>::widen(get_bits<DT, VE>(rb, e));
+        oa[e] = fmaf(a, c[e], -b * sn[e]);
+        ob[e] = fmaf(a, sn[e], b * c[e]);
+    }
+    store<VE * ES>(out, pack<DT, VE>(oa));
+    store<VE * ES>(out + stride_b, pack<DT, VE>(ob));
+}
+
 template <int DT, int VE, int RB>
 __device__ __forceinline__ void rot_store(const RopeParams &p, const RotBatch<VE * Elem<DT>::size, RB> &bt,
                                           const float2 *s_cs)
 {
     constexpr int ES = Elem<DT>::size;
 #pragma unroll
-    for (int k = 0; k < RB; k++) {
-        if (!bt.out[k])
-            continue;
-        float c[VE], sn[VE];
-        if constexpr (VE == 1) {
-            const float2 cs = s_cs[bt.cs[k]];
-            c[0] = cs.x, sn[0] = cs.y;
-        } else { /* two pairs per 16-byte shared load: bt.cs[k] is even */
-#pragma unroll
-            for (int e = 0; e < VE; e += 2) {
-                const float4 q = *reinterpret_cast<const float4 *>(s_cs + bt.cs[k] + e);
-                c[e] = q.x, sn[e] = q.y, c[e + 1] = q.z, sn[e + 1] = q.w;
-            }
-        }
-        float oa[VE], ob[VE];
-#pragma unroll
-        for (int e = 0; e < VE; e++) {
-            const float a = Elem<DT>::widen(get_bits<DT, VE>(bt.a[k], e));
-            const float b = Elem<DT>::widen(get_bits<DT, VE>(bt.b[k], e));
-            oa[e] = fmaf(a, c[e], -b * sn[e]);
-            ob[e] = fmaf(a, sn[e], b * c[e]);
-        }
-        store<VE * ES>(bt.out[k], pack<DT, VE>(oa));
-        store<VE * ES>(bt.out[k] + (size_t)p.stride * ES, pack<DT, VE>(ob));
-    }
+    for (int k = 0; k < RB; k++)
+        if (bt.out[k]) /* bt.cs[k] is even for VE >= 2 */
+            rotate_store<DT, VE>(bt.a[k], bt.b[k], s_cs + bt.cs[k], bt.out[k], (size_t)p.stride * ES);
 }
 
 /* One batch of copy items of a thread (out of place): the loaded units and where they go. An item
@@ -429,9 +469,61 @@ __global__ void __launch_bounds__(kThreads, 3) rope_multi_kernel(const RopeParam
     }
 }
 
-template <int DT, int VE>
-cudaError_t launch(const RopeParams &p, dim3 blocks, cudaStream_t st)
+/* The small-T kernel (decode): one token per block (blockIdx.x) and a few rows (blockIdx.y), one
+ * item per thread, no loops over tiles, no run-time division. Each thread issues its loads first
+ * (a pair item: its a and b units; a copy item: its unit), the first `half` threads then compute
+ * the (cos, sin) of the token's pairs into shared memory (once per block, shared by all its rows of
+ * q and k), copy items store, the block syncs, pair items rotate and store. Threads of rows past
+ * the last (the last row group) load and store nothing but still reach the barrier.
+ * COPY: the launch has copy items (blockDim.x > npu). */
+template <int DT, int VE, bool COPY>
+__global__ void __launch_bounds__(1024) rope_decode_kernel(const DecParams p)
 {
+    constexpr int ES = Elem<DT>::size, NB = VE * ES;
+    extern __shared__ __align__(16) float2 s_cs[];
+    const uint32_t x = threadIdx.x, t = blockIdx.x;
+    const uint32_t r = blockIdx.y * blockDim.y + threadIdx.y;
+    const bool live = r < p.rows, kk = r >= p.nh0;
+    const uint32_t row = kk ? t * p.nh1 + (r - p.nh0) : t * p.nh0 + r;
+    const bool pair = !COPY || x < p.npu;
+    uint32_t off = x * NB;
+    if (COPY && !pair) {
+        const uint32_t c = x - p.npu;
+        off = (c < p.nc1 ? p.c1_b : p.c2_b) + c * NB;
+    }
+    const size_t at = (size_t)row * p.row_bytes + off;
+    const unsigned char *src = (kk ? p.in1 : p.in0) + at;
+    unsigned char *dst = (kk ? p.out1 : p.out0) + at;
+    const bool do_copy = COPY && !pair && live && (kk ? p.copy1 : p.copy0) != 0;
+    Raw<NB> a{}, b{};
+    if (live && pair) {
+        a = load<NB>(src);
+        b = load<NB>(src + p.stride_b);
+    } else if (do_copy) {
+        a = load<NB>(src);
+    }
+    for (uint32_t j = threadIdx.y * blockDim.x + x; j < p.half; j += p.n_threads) {
+        const int32_t ps = __ldg(p.pos + rope_axis(p, j) * p.seq + t);
+        s_cs[j] = rope_cs(ps, exp2((double)j * p.log2_step));
+    }
+    if (do_copy)
+        store<NB>(dst, a);
+    __syncthreads();
+    if (live && pair)
+        rotate_store<DT, VE>(a, b, s_cs + x * VE, dst, p.stride_b);
+}
+
+template <int DT, int VE>
+cudaError_t launch(const RopeParams &p, const DecParams *dp, dim3 blocks, dim3 threads, cudaStream_t st)
+{
+    if (dp) {
+        const size_t smem = (size_t)dp->half * sizeof(float2);
+        if (threads.x > dp->npu)
+            rope_decode_kernel<DT, VE, true><<<blocks, threads, smem, st>>>(*dp);
+        else
+            rope_decode_kernel<DT, VE, false><<<blocks, threads, smem, st>>>(*dp);
+        return cudaGetLastError();
+    }
     const size_t smem = (size_t)p.tile_tokens * p.chunk * sizeof(float2);
     if (p.nc)
         rope_multi_kernel<DT, VE, true><<<blocks, kThreads, smem, st>>>(p);
@@ -441,23 +533,24 @@ cudaError_t launch(const RopeParams &p, dim3 blocks, cudaStream_t st)
 }
 
 /* The kernel instantiation for a dtype and unit width: 16, 8, 4 (and 2 for 16-bit types) bytes. */
-cudaError_t launch_dtype(lmk_dtype dt, uint32_t ve, const RopeParams &p, dim3 blocks, cudaStream_t st)
+cudaError_t launch_dtype(lmk_dtype dt, uint32_t ve, const RopeParams &p, const DecParams *dp, dim3 blocks,
+                         dim3 threads, cudaStream_t st)
 {
     switch (dt) {
     case LMK_F32:
-        return ve == 4 ? launch<LMK_F32, 4>(p, blocks, st)
-             : ve == 2 ? launch<LMK_F32, 2>(p, blocks, st)
-                       : launch<LMK_F32, 1>(p, blocks, st);
+        return ve == 4 ? launch<LMK_F32, 4>(p, dp, blocks, threads, st)
+             : ve == 2 ? launch<LMK_F32, 2>(p, dp, blocks, threads, st)
+                       : launch<LMK_F32, 1>(p, dp, blocks, threads, st);
     case LMK_BF16:
-        return ve == 8 ? launch<LMK_BF16, 8>(p, blocks, st)
-             : ve == 4 ? launch<LMK_BF16, 4>(p, blocks, st)
-             : ve == 2 ? launch<LMK_BF16, 2>(p, blocks, st)
-                       : launch<LMK_BF16, 1>(p, blocks, st);
+        return ve == 8 ? launch<LMK_BF16, 8>(p, dp, blocks, threads, st)
+             : ve == 4 ? launch<LMK_BF16, 4>(p, dp, blocks, threads, st)
+             : ve == 2 ? launch<LMK_BF16, 2>(p, dp, blocks, threads, st)
+                       : launch<LMK_BF16, 1>(p, dp, blocks, threads, st);
     default:
-        return ve == 8 ? launch<LMK_F16, 8>(p, blocks, st)
-             : ve == 4 ? launch<LMK_F16, 4>(p, blocks, st)
-             : ve == 2 ? launch<LMK_F16, 2>(p, blocks, st)
-                       : launch<LMK_F16, 1>(p, blocks, st);
+        return ve == 8 ? launch<LMK_F16, 8>(p, dp, blocks, threads, st)
+             : ve == 4 ? launch<LMK_F16, 4>(p, dp, blocks, threads, st)
+             : ve == 2 ? launch<LMK_F16, 2>(p, dp, blocks, threads, st)
+                       : launch<LMK_F16, 1>(p, dp, blocks, threads, st);
     }
 }
 
@@ -467,6 +560,10 @@ template <int DT, int VE> void preload_one(cudaError_t *first)
     cudaError_t e = cudaFuncGetAttributes(&attr, rope_multi_kernel<DT, VE, true>);
     if (e == cudaSuccess)
         e = cudaFuncGetAttributes(&attr, rope_multi_kernel<DT, VE, false>);
+    if (e == cudaSuccess)
+        e = cudaFuncGetAttributes(&attr, rope_decode_kernel<DT, VE, true>);
+    if (e == cudaSuccess)
+        e = cudaFuncGetAttributes(&attr, rope_decode_kernel<DT, VE, false>);
     if (e != cudaSuccess && *first == cudaSuccess)
         *first = e;
 }
@@ -543,6 +640,40 @@ lmk_status lmk_cuda_rope_multi(lmk_stream *s, const lmk_rope_args *a)
                         (unsigned long long)rows);
     p.rows = (uint32_t)rows;
 
+    /* The small-T kernel when its grid is small: blockDim (items per row, rows per block), the rows
+     * balanced over the groups. */
+    const uint64_t ipr = (uint64_t)half / ve + p.nc; /* items per row */
+    if (half <= kDecMaxPairs && ipr <= kDecMaxItems) {
+        uint64_t rpb = kDecThreads / ipr;
+        rpb = rpb < 1 ? 1 : rpb > rows ? rows : rpb;
+        const uint64_t groups = ceil_div(rows, rpb);
+        if (a->seq_len * groups <= 2 * (uint64_t)d->sm_count) {
+            rpb = ceil_div(rows, groups);
+            DecParams q;
+            q.in0 = p.in0, q.in1 = p.in1, q.out0 = p.out0, q.out1 = p.out1;
+            q.pos = p.pos;
+            q.seq = (uint32_t)a->seq_len;
+            q.nh0 = p.nh0, q.nh1 = p.nh1, q.rows = p.rows;
+            q.row_bytes = D * es;
+            q.stride_b = stride * es;
+            q.npu = half / ve;
+            q.nc1 = p.nc1;
+            q.c1_b = p.c1 * es;
+            q.c2_b = p.c2 * es - p.nc1 * ve * es; /* >= 0: range 2 starts nc1 units past c1 or later */
+            q.half = half;
+            q.n_threads = (uint32_t)(ipr * rpb);
+            q.copy0 = p.copy0, q.copy1 = p.copy1;
+            q.sect = p.sect;
+            for (int i = 0; i < 3; i++)
+                q.lim[i] = p.lim[i];
+            q.mode = p.mode;
+            q.log2_step = p.log2_step;
+            const cudaError_t e = launch_dtype(a->dtype, ve, p, &q, dim3((unsigned)a->seq_len, (unsigned)groups, 1),
+                                               dim3((unsigned)ipr, (unsigned)rpb, 1), lmk_cuda_stream_of(s));
+            return e == cudaSuccess ? LMK_OK : lmk_cuda_fail(e, "rope_multi: kernel launch");
+        }
+    }
+
     /* Tiles and row groups. A block's items are tile_tokens * rows_per_group * units; a tile holds
      * ~kBlockItems of them (a few per thread, fine-grained enough to balance the SMs). Groups > 1
      * only when the tiles alone cannot occupy the GPU (decode): then ~one item per thread, so a
@@ -575,7 +706,7 @@ lmk_status lmk_cuda_rope_multi(lmk_stream *s, const lmk_rope_args *a)
     if (p.n_blocks > 0x7fffffffu) /* T near 2^32 with one token per tile */
         blocks = dim3(1u << 30, (unsigned)ceil_div(p.n_blocks, 1u << 30), 1);
 
-    const cudaError_t e = launch_dtype(a->dtype, ve, p, blocks, lmk_cuda_stream_of(s));
+    const cudaError_t e = launch_dtype(a->dtype, ve, p, nullptr, blocks, dim3(kThreads, 1, 1), lmk_cuda_stream_of(s));
     return e == cudaSuccess ? LMK_OK : lmk_cuda_fail(e, "rope_multi: kernel launch");
 }
 
