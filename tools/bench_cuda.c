@@ -160,6 +160,11 @@ lmk_status lmk_bench_cuda_copy_ceiling(lmk_stream *s, size_t bytes, double *byte
         return st;
     if (!bytes_per_s || bytes == 0)
         return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: bytes_per_s must be set and bytes > 0", me);
+    /* Copy a whole number of 4 KiB pages: on the H200 a 100.9 MB copy ran at 2.7 TB/s when its size
+     * carried the 32 KB of a rope case's positions, against 4.0 TB/s for round sizes, which made
+     * ops "beat" their ceiling by 1.4x. The bandwidth is per byte, so the rounding costs nothing. */
+    if (bytes >= ((size_t)1 << 20))
+        bytes &= ~(size_t)4095;
 
     int l2 = 0;
     (void)cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, s->dev->ordinal);
