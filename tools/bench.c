@@ -38,6 +38,7 @@
 #define CPU_MIN_SAMPLE_S 20e-6
 #define CPU_MAX_SAMPLES 2000
 #define CPU_BUDGET_S 0.25 /* per measurement: enough calls for a stable median, 60 s for the run */
+#define CPU_MAX_ROUND 3   /* functions timed in one round: the op, memcpy, the streaming copy */
 #define CUDA_REPS 20
 
 /* Qwen3.5/3.6-27B: full attention Q 24 and K 4 heads of head_dim 256 (rope_dim 64), and the Gated
@@ -242,43 +243,52 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Median seconds per call of `fn`. Each sample times a batch of calls, as many as make it last
- * CPU_MIN_SAMPLE_S (one call, for all but decode-sized ops), so clock overhead stays out of
- * sub-microsecond calls. Samples: `iters`, or with iters 0 as many as fit in CPU_BUDGET_S (at
- * least CPU_MIN_SAMPLES). The first `warmup` calls are not timed. */
-static lmk_status cpu_time(lmk_status (*fn)(void *), void *ctx, int warmup, int iters, double *median_s,
-                           int *samples)
+/* Median seconds per call of each of the k functions fn[j](ctx[j]), timed in rounds that visit
+ * every function in turn, so that a drift of the machine's speed hits them all alike. Each sample
+ * times a batch of calls, as many as make it last CPU_MIN_SAMPLE_S (one call, for all but
+ * decode-sized ops), so clock overhead stays out of sub-microsecond calls. Rounds: `iters`, or
+ * with iters 0 as many as fit in k * CPU_BUDGET_S (at least CPU_MIN_SAMPLES). The first `warmup`
+ * calls of each function are not timed. */
+static lmk_status cpu_time_rounds(int k, lmk_status (*const fn[])(void *), void *const ctx[], int warmup,
+                                  int iters, double median_s[], int *samples)
 {
     const int max = iters ? iters : CPU_MAX_SAMPLES;
-    double *t = malloc((size_t)max * sizeof *t);
+    double *t = malloc((size_t)k * (size_t)max * sizeof *t);
     if (!t)
         return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk bench: out of host memory");
     lmk_status st = LMK_OK;
-    for (int i = 0; i < warmup && st == LMK_OK; i++)
-        st = fn(ctx);
-    int batch = 1;
-    for (; st == LMK_OK && batch < 1024; batch *= 2) {
-        const double t0 = tool_now();
-        for (int i = 0; i < batch && st == LMK_OK; i++)
-            st = fn(ctx);
-        if (tool_now() - t0 >= CPU_MIN_SAMPLE_S)
-            break;
+    int batch[CPU_MAX_ROUND];
+    for (int j = 0; j < k; j++) {
+        for (int i = 0; i < warmup && st == LMK_OK; i++)
+            st = fn[j](ctx[j]);
+        for (batch[j] = 1; st == LMK_OK && batch[j] < 1024; batch[j] *= 2) {
+            const double t0 = tool_now();
+            for (int i = 0; i < batch[j] && st == LMK_OK; i++)
+                st = fn[j](ctx[j]);
+            if (tool_now() - t0 >= CPU_MIN_SAMPLE_S)
+                break;
+        }
     }
     int n = 0;
     const double start = tool_now();
     while (st == LMK_OK && n < max) {
-        if (!iters && n >= CPU_MIN_SAMPLES && tool_now() - start >= CPU_BUDGET_S)
+        if (!iters && n >= CPU_MIN_SAMPLES && tool_now() - start >= CPU_BUDGET_S * k)
             break;
-        const double t0 = tool_now();
-        for (int i = 0; i < batch && st == LMK_OK; i++)
-            st = fn(ctx);
-        t[n++] = (tool_now() - t0) / batch;
+        for (int j = 0; j < k && st == LMK_OK; j++) {
+            const double t0 = tool_now();
+            for (int i = 0; i < batch[j] && st == LMK_OK; i++)
+                st = fn[j](ctx[j]);
+            t[(size_t)j * (size_t)max + (size_t)n] = (tool_now() - t0) / batch[j];
+        }
+        n++;
     }
-    if (st == LMK_OK) {
-        qsort(t, (size_t)n, sizeof *t, cmp_double);
-        *median_s = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+    for (int j = 0; j < k && st == LMK_OK; j++) {
+        double *v = t + (size_t)j * (size_t)max;
+        qsort(v, (size_t)n, sizeof *v, cmp_double);
+        median_s[j] = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    }
+    if (st == LMK_OK)
         *samples = n;
-    }
     free(t);
     return st;
 }
@@ -479,36 +489,27 @@ static lmk_status copy_call(void *ctx)
     return LMK_OK;
 }
 
-/* Bandwidth of a copy of bytes/2 (read + write = bytes) over n_sets buffer pairs used in turn:
- * the faster of memcpy and streaming stores, or memcpy alone for a case that stays in cache. */
-static lmk_status cpu_copy_ceiling(copy_pool *pool, double bytes, int n_sets, bool in_cache, int iters, double *bps)
+/* The buffers of a copy of bytes/2 (read + write = bytes) over n_sets buffer pairs used in turn. */
+static lmk_status copy_setup(copy_run *c, copy_pool *pool, double bytes, int n_sets)
 {
-    copy_run c = {.pool = pool, .len = ((size_t)(bytes / 2) + 63) / 64 * 64, .n_sets = n_sets};
-    lmk_status st = LMK_OK;
-    for (int i = 0; i < n_sets && st == LMK_OK; i++) {
-        c.src[i] = aligned_alloc(64, c.len);
-        c.dst[i] = aligned_alloc(64, c.len);
-        if (!c.src[i] || !c.dst[i])
-            st = lmk_fail(LMK_ERR_OUT_OF_MEMORY, "copy ceiling: cannot allocate 2 x %zu bytes", c.len);
-        else {
-            memset(c.src[i], 0x5a, c.len); /* never-touched pages would all read the one zero page */
-            memset(c.dst[i], 0xa5, c.len);
-        }
-    }
-    double t = 0, t_stream = 0;
-    int samples = 0;
-    if (st == LMK_OK)
-        st = cpu_time(copy_call, &c, n_sets + 1, iters, &t, &samples);
-    c.stream = true;
-    if (st == LMK_OK && !in_cache && (st = cpu_time(copy_call, &c, n_sets + 1, iters, &t_stream, &samples)) == LMK_OK)
-        t = t_stream < t ? t_stream : t;
+    *c = (copy_run){.pool = pool, .len = ((size_t)(bytes / 2) + 63) / 64 * 64, .n_sets = n_sets};
     for (int i = 0; i < n_sets; i++) {
-        free(c.src[i]);
-        free(c.dst[i]);
+        c->src[i] = aligned_alloc(64, c->len);
+        c->dst[i] = aligned_alloc(64, c->len);
+        if (!c->src[i] || !c->dst[i])
+            return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "copy ceiling: cannot allocate 2 x %zu bytes", c->len);
+        memset(c->src[i], 0x5a, c->len); /* never-touched pages would all read the one zero page */
+        memset(c->dst[i], 0xa5, c->len);
     }
-    if (st == LMK_OK)
-        *bps = 2.0 * (double)c.len / t;
-    return st;
+    return LMK_OK;
+}
+
+static void copy_free(copy_run *c)
+{
+    for (int i = 0; i < c->n_sets; i++) {
+        free(c->src[i]);
+        free(c->dst[i]);
+    }
 }
 
 /* ---- one case ---- */
@@ -552,9 +553,27 @@ static lmk_status run_case(bench_env *e, const bench_opts *o, const bench_case *
     lmk_status st = run_setup(r, e->dev, e->pools[bc->dtype], POOL_ELEMS * es, &e->rng);
     if (st == LMK_OK && (st = lmk_stream_sync(e->s)) == LMK_OK) {
         if (!e->cuda) {
-            st = cpu_time(run_call, r, r->n_sets + 1, o->iters, &res->time_s, &res->samples);
+            /* The op and its ceiling copies (memcpy; out of cache also streaming stores, the faster
+             * counts) are timed in interleaved rounds: this VM's bandwidth drifts by a third from
+             * one second to the next, and timing them one after the other made the fraction
+             * swing between 0.65 and 0.99 for the same op. */
+            copy_run cm, cs;
+            st = copy_setup(&cm, e->pool, res->bytes, res->n_sets);
+            cs = cm;
+            cs.stream = true;
+            lmk_status (*const fns[CPU_MAX_ROUND])(void *) = {run_call, copy_call, copy_call};
+            void *const ctxs[CPU_MAX_ROUND] = {r, &cm, &cs};
+            double med[CPU_MAX_ROUND];
+            const int k = res->in_cache ? 2 : 3;
+            if (st == LMK_OK)
+                st = cpu_time_rounds(k, fns, ctxs, r->n_sets + 1, o->iters, med, &res->samples);
             if (st == LMK_OK)
                 st = lmk_stream_sync(e->s);
+            if (st == LMK_OK) {
+                res->time_s = med[0];
+                res->ceiling_bps = 2.0 * (double)cm.len / (k == 3 && med[2] < med[1] ? med[2] : med[1]);
+            }
+            copy_free(&cm);
         }
 #ifdef LMK_WITH_CUDA
         else {
@@ -576,7 +595,7 @@ static lmk_status run_case(bench_env *e, const bench_opts *o, const bench_case *
     if (e->cuda)
         return lmk_bench_cuda_copy_ceiling(e->s, (size_t)(res->bytes / 2), &res->ceiling_bps); /* copy size */
 #endif
-    return cpu_copy_ceiling(e->pool, res->bytes, res->n_sets, res->in_cache, o->iters, &res->ceiling_bps);
+    return LMK_OK;
 }
 
 /* ---- the case list ---- */
