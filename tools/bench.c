@@ -56,7 +56,7 @@ typedef struct bench_case {
     lmk_dtype dtype;
     uint32_t T;
     uint32_t n_heads, n_k_heads; /* rope */
-    bool in_place;               /* rope, one tensor */
+    bool in_place;               /* rope: every tensor rotated in place */
     uint32_t hg, h;              /* repeat (K = 128) */
 } bench_case;
 
@@ -108,6 +108,8 @@ static double case_bytes(const bench_case *bc)
             return 2.0 * bc->T * bc->n_heads * ROPE_DIM * es + pos;
         return 2.0 * (double)tensor_bytes(bc, bc->n_heads) + pos;
     case OP_ROPE_QK:
+        if (bc->in_place)
+            return 2.0 * bc->T * (bc->n_heads + bc->n_k_heads) * ROPE_DIM * es + pos;
         return 2.0 * (double)(tensor_bytes(bc, bc->n_heads) + tensor_bytes(bc, bc->n_k_heads)) + pos;
     default:
         return (double)bc->T * (bc->hg + bc->h) * 128 * es;
@@ -628,7 +630,11 @@ static int make_cases(const bench_opts *o, bench_case *cases)
                 add_case(cases, &n, &base, OP_ROPE_QK, "rope Q+K fused")->n_k_heads = K_HEADS;
                 /* In place at the longest prompt, in the model's own dtype. */
                 if (o->T[k] == t_max && dts[d] == LMK_BF16)
-                    add_case(cases, &n, &base, OP_ROPE, "rope Q in-place")->in_place = true;
+                {
+                    bench_case *c = add_case(cases, &n, &base, OP_ROPE_QK, "rope Q+K in-place");
+                    c->n_k_heads = K_HEADS;
+                    c->in_place = true;
+                }
             }
             if (o->op != 1) {
                 add_case(cases, &n, &base, OP_REPEAT, "repeat 16->48")->h = 48;
@@ -671,7 +677,7 @@ static void print_row(const bench_env *e, const bench_case *bc, const bench_resu
         putchar('}');
         return;
     }
-    printf("%-16s %-5s %6u %10.2f %9.1f %13.1f %9.2f", bc->name, lmk_dtype_name(bc->dtype), bc->T, r->time_s * 1e6,
+    printf("%-17s %-5s %6u %10.2f %9.1f %13.1f %9.2f", bc->name, lmk_dtype_name(bc->dtype), bc->T, r->time_s * 1e6,
            gbs, ceil_gbs, gbs / ceil_gbs);
     if (e->cuda && r->host_s > 0)
         printf(" %8.2f", r->host_s * 1e6);
@@ -776,7 +782,7 @@ int tool_bench(int argc, char **argv)
             printf("# lmk bench on %s, stream of %d thread%s\n# GB/s: the bytes each op must move, per second; "
                    "ceiling: a copy moving as many bytes on as many threads (memcpy or streaming stores)\n",
                    lmk_device_name(e.dev), threads, threads == 1 ? "" : "s");
-        printf("%-16s %-5s %6s %10s %9s %13s %9s%s  %s\n", "case", "dtype", "T", "time us", "GB/s", "ceiling GB/s",
+        printf("%-17s %-5s %6s %10s %9s %13s %9s%s  %s\n", "case", "dtype", "T", "time us", "GB/s", "ceiling GB/s",
                "fraction", e.cuda ? "  host us" : "", "note");
     } else if (rc == 0) {
         putchar('[');
