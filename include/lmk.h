@@ -256,8 +256,11 @@ LMK_API lmk_status lmk_repeat_tiled(lmk_stream *s, const lmk_buffer *src, lmk_bu
  *         [rope_dim/2, head_dim/2) and [head_dim/2 + rope_dim/2, head_dim) are copied.
  * The two agree only when rope_dim == head_dim. Copied elements are bit-exact in every dtype.
  *
- * Precision: the angle is reduced in float64, so f32 results stay within 1e-5 of a float64
- * reference for |x| <= 2 at any |position| up to 2^20, and bf16/f16 results within one ulp of it.
+ * Precision: the angle is formed and reduced in float64, so f32 results stay within 1e-5 of a
+ * float64 reference for |x| <= 2 at any |angle| up to 2^20 radians (with freq_base >= 1: any
+ * |position| up to 2^20), and bf16/f16 results within one ulp of it plus 1e-6. Larger angles (only
+ * with freq_base < 1) are computed from the same float64 angle but the contract does not cover
+ * them: a float64 angle itself is then uncertain by more than 1e-5 radians.
  * bf16/f16 are widened exactly, computed in f32 and rounded to nearest-even on store.
  * input == output (same buffer memory, same offset) rotates in place; partial overlap is an error.
  * Sections are not validated: a sum smaller than rope_dim/2 wraps.
