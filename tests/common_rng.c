@@ -117,14 +117,7 @@ double tst_now(void)
 
 double tst_load(lmk_dtype dtype, const void *base, size_t i)
 {
-    if (dtype == LMK_F32) {
-        float f;
-        memcpy(&f, (const char *)base + 4 * i, 4);
-        return f;
-    }
-    uint16_t h;
-    memcpy(&h, (const char *)base + 2 * i, 2);
-    return dtype == LMK_BF16 ? lmk_bf16_to_f32(h) : lmk_f16_to_f32(h);
+    return lmk_float_load(dtype, base, i); /* the conversions test_runtime checks exhaustively */
 }
 
 void tst_store(lmk_dtype dtype, void *base, size_t i, double v)

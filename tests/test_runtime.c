@@ -794,6 +794,36 @@ static void test_null_handles(void)
     TST_PASS("destroy/free/close accept NULL");
 }
 
+/* lmk_float_load, lmk_ulp and lmk_rope_tolerance are the precision contract that `lmk check` and
+ * the fuzzers judge by: they must agree with the tests' own independent tst_ulp and conversions. */
+static void test_precision_helpers(void)
+{
+    tst_rng r = tst_rng_make(tst_program_seed() ^ 0x51ab);
+    static const lmk_dtype dts[] = {LMK_F32, LMK_BF16, LMK_F16};
+    int bad = 0;
+    for (int d = 0; d < 3; d++)
+        for (int i = 0; i < 200000 && bad < 5; i++) {
+            const uint32_t u = tst_rng_u32(&r);
+            float f;
+            memcpy(&f, &u, 4);
+            const double v = i < 8 ? (double[]){0.0, -0.0, 1.0, 0x1p-140, 0x1p-20, 65504.0, INFINITY, 3.0}[i] : f;
+            if (lmk_ulp(dts[d], v) != tst_ulp(dts[d], v) ||
+                lmk_rope_tolerance(dts[d], v) != (dts[d] == LMK_F32 ? 1e-5 : tst_ulp(dts[d], v) + 1e-6)) {
+                bad++;
+                fprintf(stderr, "%s %.17g: lmk_ulp %g, tst_ulp %g, tolerance %g\n", lmk_dtype_name(dts[d]), v,
+                        lmk_ulp(dts[d], v), tst_ulp(dts[d], v), lmk_rope_tolerance(dts[d], v));
+            }
+        }
+    CHECK(bad == 0, "lmk_ulp / lmk_rope_tolerance disagree with the tests' independent ulp (%d cases)", bad);
+
+    const float f32[2] = {1.5f, -0x1p-130f};
+    const uint16_t bf[2] = {0x3fc0, 0x8001}, hf[2] = {0x3e00, 0x8001};
+    CHECK(lmk_float_load(LMK_F32, f32, 1) == -0x1p-130 && lmk_float_load(LMK_BF16, bf, 0) == 1.5 &&
+              lmk_float_load(LMK_BF16, bf, 1) == -0x1p-133 && lmk_float_load(LMK_F16, hf, 0) == 1.5 &&
+              lmk_float_load(LMK_F16, hf, 1) == -0x1p-24,
+          "lmk_float_load widens element i of f32, bf16 and f16 exactly");
+}
+
 int main(void)
 {
     tst_program_seed();
@@ -805,6 +835,7 @@ int main(void)
     test_dtypes();
     test_widening_exhaustive();
     test_narrowing();
+    test_precision_helpers();
     test_devices();
 
     tst_dev devs[TST_MAX_DEVS];

@@ -141,17 +141,7 @@ struct lmk_stream {
     bool borrowed;        /* CUDA: wraps a caller's cudaStream_t, never destroyed by lmk */
 };
 
-/* Thread count the CPU backend uses by default (LMK_NUM_THREADS, else online cores). */
-int lmk_default_threads(void);
-
-#ifdef __cplusplus
-}
-#endif
-#endif /* LMK_INTERNAL_H */
-
-#ifndef LMK_INTERNAL_HELPERS
-#define LMK_INTERNAL_HELPERS
-/* Small helpers for validation. */
+/* ---- small helpers for validation ---- */
 
 /* *out = a * b; returns true when the product overflows size_t. */
 static inline bool lmk_mul_overflows(size_t a, size_t b, size_t *out)
@@ -165,4 +155,11 @@ static inline bool lmk_ranges_overlap(const void *a, size_t an, const void *b, s
     const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
     return an && bn && x < y + bn && y < x + an;
 }
+
+/* Thread count the CPU backend uses by default (LMK_NUM_THREADS, else online cores). */
+int lmk_default_threads(void);
+
+#ifdef __cplusplus
+}
 #endif
+#endif /* LMK_INTERNAL_H */
