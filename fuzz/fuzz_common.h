@@ -15,6 +15,8 @@
 #define LMK_FUZZ_COMMON_H
 
 #include "core/internal.h"
+#include "ops/repeat/repeat.h"
+#include "ops/rope/rope.h"
 #include "lmk.h"
 
 #include <math.h>
@@ -330,11 +332,31 @@ static inline bool fz_rope_close(lmk_dtype t, double ref, double got)
     return fabs(got - ref) <= lmk_rope_tolerance(t, ref);
 }
 
-/* Whether element j of a head_dim row is rotated (else copied) under the pairing. */
-static inline bool fz_rope_rotated(uint32_t j, uint32_t head_dim, uint32_t rope_dim, int pairing)
+/* Whether element j of a head_dim row is rotated (else copied) by the launch a. */
+static inline bool fz_rope_rotated(const lmk_rope_args *a, uint32_t j)
 {
-    const uint32_t half = rope_dim / 2, stride = pairing == 1 ? head_dim / 2 : rope_dim / 2;
-    return j < half || (j >= stride && j < stride + half);
+    const uint32_t half = a->rope_dim / 2;
+    if (a->interleaved)
+        return j < a->rope_dim;
+    return j < half || (j >= a->pair_stride && j < a->pair_stride + half);
+}
+
+/* Host arguments of a dense rope_multi call (q, and k when n_k > 0) for the reference. */
+static inline lmk_rope_args fz_rope_args(const lmk_rope_multi_params *p, uint32_t n_k, lmk_dtype t, const void *q,
+                                         const void *k, const void *pos)
+{
+    lmk_rope_params rp = {.head_dim = p->head_dim, .rope_dim = p->rope_dim, .n_heads = p->n_heads,
+                          .seq_len = p->seq_len, .freq_base = p->freq_base, .mode = p->mode, .pairing = p->pairing,
+                          .n_k_heads = n_k};
+    memcpy(rp.sections, p->sections, sizeof rp.sections);
+    const size_t es = lmk_dtype_size(t), d = p->head_dim;
+    lmk_tensor3 ts[4] = {{0}};
+    ts[0] = ts[1] = (lmk_tensor3){.data = (unsigned char *)(uintptr_t)q, .n = {p->seq_len, p->n_heads, d},
+                                  .stride = {(size_t)p->n_heads * d, d, 1}, .es = es};
+    if (n_k)
+        ts[2] = ts[3] = (lmk_tensor3){.data = (unsigned char *)(uintptr_t)k, .n = {p->seq_len, n_k, d},
+                                      .stride = {(size_t)n_k * d, d, 1}, .es = es};
+    return lmk_rope_args_for(&rp, t, ts, n_k > 0, pos, LMK_I32, NULL);
 }
 
 /* Compares tensor ti of a rope call: `got` is the output after the call, `in` the input before it,
@@ -349,7 +371,7 @@ static inline size_t fz_rope_check(const lmk_rope_args *a, int ti, const void *i
     for (size_t r = 0; r < rows; r++)
         for (uint32_t j = 0; j < a->head_dim; j++) {
             const size_t i = r * a->head_dim + j;
-            if (!fz_rope_rotated(j, a->head_dim, a->rope_dim, (int)a->pairing)) {
+            if (!fz_rope_rotated(a, j)) {
                 if (memcmp((const char *)got + i * es, (const char *)in + i * es, es) != 0)
                     return i;
             } else if (precise && !fz_rope_close(a->dtype, ref64[i], fz_load(a->dtype, got, i))) {

@@ -101,8 +101,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         const lmk_repeat_args a = {.src = fz_world_before(&c.world, lmk_buffer_data(src)),
                                    .dst = want,
                                    .seq = p.seq, .hg = p.hg, .h = p.h, .k = p.k,
-                                   .elem_size = lmk_dtype_size(ts)};
-        lmk_ref_repeat_tiled(&a);
+                                   .elem_size = lmk_dtype_size(ts),
+                                   .src_tok = (size_t)p.hg * p.k, .src_head = p.k,
+                                   .dst_tok = (size_t)p.h * p.k, .dst_head = p.k, .layout = LMK_REPEAT_TILED};
+        lmk_ref_repeat(&a);
         const unsigned char *got = lmk_buffer_data(dst);
         for (size_t i = 0; i < dst_bytes; i++)
             FZ_CHECK(got[i] == want[i], "repeat_tiled(seq %u, hg %u, h %u, k %u, %s): dst byte %zu is %u, want %u",

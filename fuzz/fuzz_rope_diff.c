@@ -168,16 +168,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
 
     /* Reference */
-    lmk_rope_args a = {
-        .dtype = t, .head_dim = p.head_dim, .rope_dim = p.rope_dim, .seq_len = p.seq_len, .freq_base = p.freq_base,
-        .mode = p.mode, .pairing = p.pairing, .positions = pd, .n_tensors = 2,
-    };
-    memcpy(a.sections, p.sections, sizeof a.sections);
-    a.t[0] = (lmk_rope_tensor){.in = lmk_buffer_data(q), .n_heads = p.n_heads};
-    a.t[1] = (lmk_rope_tensor){.in = lmk_buffer_data(k), .n_heads = n_k};
+    const lmk_rope_args a = fz_rope_args(&p, n_k, t, lmk_buffer_data(q), lmk_buffer_data(k), pd);
     double *ref[2] = {malloc(nq * sizeof(double)), malloc(nk * sizeof(double))};
     FZ_CHECK(ref[0] && ref[1], "harness: out of memory");
-    lmk_ref_rope_multi_f64(&a, ref);
+    lmk_ref_rope_f64(&a, ref);
 
     /* 1: q alone, out of place, on the stream picked by the input. */
     lmk_stream *s = g_streams[fz_pick(&in, 3)];

@@ -361,24 +361,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
              p->seq_len, (double)p->freq_base, (int)p->mode, (int)p->pairing, lmk_dtype_name(t), lmk_status_name(st));
 
     /* The reference over the snapshot. */
-    lmk_rope_args a = {
-        .dtype = t, .head_dim = p->head_dim, .rope_dim = p->rope_dim, .seq_len = p->seq_len,
-        .freq_base = p->freq_base, .mode = p->mode, .pairing = p->pairing,
-        .positions = fz_world_before(&c.world, lmk_buffer_data(rc.pos)), .n_tensors = rc.qk ? 2 : 1,
-    };
-    memcpy(a.sections, p->sections, sizeof a.sections);
-    a.t[0] = (lmk_rope_tensor){.in = fz_world_before(&c.world, lmk_buffer_data(rc.q_in)), .out = NULL,
-                               .n_heads = p->n_heads};
-    if (rc.qk)
-        a.t[1] = (lmk_rope_tensor){.in = fz_world_before(&c.world, lmk_buffer_data(rc.k_in)), .out = NULL,
-                                   .n_heads = rc.n_k_heads};
+    const lmk_rope_args a =
+        fz_rope_args(p, rc.qk ? rc.n_k_heads : 0, t, fz_world_before(&c.world, lmk_buffer_data(rc.q_in)),
+                     rc.qk ? fz_world_before(&c.world, lmk_buffer_data(rc.k_in)) : NULL,
+                     fz_world_before(&c.world, lmk_buffer_data(rc.pos)));
     lmk_buffer *outs[2] = {rc.q_out, rc.k_out};
     double *ref64[2] = {NULL, NULL};
     for (int i = 0; i < a.n_tensors; i++) {
         ref64[i] = malloc(lmk_buffer_element_count(outs[i]) * sizeof(double) + 1);
         FZ_CHECK(ref64[i] != NULL, "harness: out of memory");
     }
-    lmk_ref_rope_multi_f64(&a, ref64);
+    lmk_ref_rope_f64(&a, ref64);
     /* The precision promise's domain, measured on what the call read (operands may share bytes). */
     bool small = true;
     for (int i = 0; i < a.n_tensors; i++)

@@ -12,7 +12,9 @@
  *    "repeat_tiled: h (5) must be a multiple of hg (2)". The library never prints, exits or aborts.
  *  - A call that fails validation changes nothing: no buffer byte is written, no handle is created.
  *  - Destroy/free/close functions accept NULL and do nothing for it.
- *  - Tensors are row-major and contiguous. Shapes are element counts, offsets and lengths are bytes.
+ *  - Tensors are row-major. Buffers made by alloc, wrap and view are dense; a strided view
+ *    (lmk_buffer_view_strided) names a stride per axis. Shapes and strides are element counts,
+ *    offsets and lengths are bytes. What an op accepts is under "Operands" below.
  *  - Ops take the stream first, then inputs, then outputs, then a parameter struct.
  *  - An op call validates, then only enqueues work: it performs no heap allocation, no
  *    host-device synchronisation and no host copy, so it is usable on a decode hot path and inside
@@ -82,13 +84,15 @@ typedef enum lmk_dtype {
     LMK_U8 = 3,
     LMK_U16 = 4,
     LMK_U32 = 5,
-    LMK_I32 = 6
+    LMK_I32 = 6,
+    LMK_I64 = 7,
+    LMK_F8E4M3 = 8 /* OCP FP8 E4M3FN: bias 7, max 448, no infinities, NaN 0x7F/0xFF */
 } lmk_dtype;
-#define LMK_DTYPE_COUNT 7
+#define LMK_DTYPE_COUNT 9
 
 /* Bytes per element; 0 for a value that is not an lmk_dtype. */
 LMK_API size_t lmk_dtype_size(lmk_dtype t);
-/* "f32", "f16", "bf16", "u8", "u16", "u32", "i32"; "invalid" for other values. */
+/* "f32", "f16", "bf16", "u8", "u16", "u32", "i32", "i64", "f8e4m3"; "invalid" for other values. */
 LMK_API const char *lmk_dtype_name(lmk_dtype t);
 
 /* Exact conversions used by every backend. Widening is exact. Narrowing rounds to nearest, ties to
@@ -97,6 +101,11 @@ LMK_API float    lmk_bf16_to_f32(uint16_t h);
 LMK_API uint16_t lmk_f32_to_bf16(float f);
 LMK_API float    lmk_f16_to_f32(uint16_t h);
 LMK_API uint16_t lmk_f32_to_f16(float f);
+/* OCP E4M3FN: widening is exact (0x7F/0xFF give NaN). Narrowing rounds to nearest, ties to even,
+ * and saturates: every finite value beyond +-448 (infinity included) gives +-448; NaN gives 0x7F
+ * with the sign kept (0xFF for a negative NaN). */
+LMK_API float   lmk_f8e4m3_to_f32(uint8_t v);
+LMK_API uint8_t lmk_f32_to_f8e4m3(float f);
 
 /* ------------------------------------------------------------------------------------------------
  * Host memory allocator hook
@@ -189,6 +198,24 @@ LMK_API lmk_device *lmk_buffer_device(const lmk_buffer *buf);
 /* The memory address of the buffer's first byte (host or device address by backend). */
 LMK_API void     *lmk_buffer_data(const lmk_buffer *buf);
 
+/* A strided view of parent's memory: element (i0, i1, ...) sits at byte
+ *     byte_offset + (i0*strides[0] + i1*strides[1] + ...) * dtype size
+ * of the parent. Strides are in elements and may be any value (0 and overlapping layouts too: each
+ * op says what it accepts). The view must start at an offset aligned to the element size and its
+ * furthest element must end inside the parent. Its element count is the product of the shape; its
+ * byte length is the span up to the last byte of its furthest element (0 when an axis is 0). E.g. q
+ * of a Qwen3.5 [T, Hq, 2D] q|gate projection is shape {T, Hq, D}, strides {2*Hq*D, 2*D, 1} at 0.
+ * It must be freed before its parent. Errors: INVALID_ARGUMENT (NULL parent, out, or shape or
+ * strides with ndim > 0; ndim outside [1, LMK_MAX_DIMS]; unknown dtype; misaligned offset; a span
+ * that overflows or leaves the parent); OUT_OF_MEMORY. */
+LMK_API lmk_status lmk_buffer_view_strided(const lmk_buffer *parent, size_t byte_offset, lmk_dtype dtype,
+                                           const size_t *shape, const size_t *strides, int ndim,
+                                           lmk_buffer **out);
+/* The stride of an axis in elements; 0 for NULL or an axis outside [0, ndim). */
+LMK_API size_t lmk_buffer_stride(const lmk_buffer *buf, int axis);
+/* 1 when the buffer is dense row-major (strides of axes of length 1 are ignored), else 0. */
+LMK_API int    lmk_buffer_is_contiguous(const lmk_buffer *buf);
+
 /* ------------------------------------------------------------------------------------------------
  * Streams
  *
@@ -206,6 +233,26 @@ LMK_API lmk_status lmk_stream_sync(lmk_stream *s);
 /* Waits for the stream's work, then frees it. */
 LMK_API void       lmk_stream_destroy(lmk_stream *s);
 LMK_API lmk_device *lmk_stream_device(const lmk_stream *s);
+
+/* ------------------------------------------------------------------------------------------------
+ * Operands (every op)
+ *
+ * An op operand of logical shape [T, H, D] (tokens, heads, elements of a head) is either
+ *   (a) a dense buffer of exactly T*H*D elements, whatever its declared shape, or
+ *   (b) a 3-D buffer of shape exactly [T, H, D] whose last axis has stride 1, with any token and
+ *       head strides: q inside a [q | gate] projection, q, k or v inside a packed QKV projection,
+ *       a KV cache viewed as [n_slots, H, D] rows.
+ * Anything else is INVALID_ARGUMENT naming the operand, its shape and its strides. Positions,
+ * freq_factors, slots and norm weights are dense buffers counted by elements.
+ *
+ * Overlap is judged on elements, not on extents. An output may be exactly its own input (same
+ * address, shape and strides, strides of axes of length 1 ignored): in place. Otherwise an output
+ * shares no byte with any other operand, and its own elements are distinct (no stride 0 on an axis
+ * longer than 1, no self-overlapping layout). So q and k rotated in place inside one packed QKV
+ * buffer are accepted (their extents interleave, their elements do not), while a real overlap is
+ * rejected and changes nothing. For layouts other than tensors side by side in one row (packed
+ * QKV, q|gate, KV caches) lmk may reject a layout it cannot prove disjoint.
+ * ---------------------------------------------------------------------------------------------- */
 
 /* ------------------------------------------------------------------------------------------------
  * repeat_tiled: tiled GQA head broadcast
@@ -273,7 +320,14 @@ LMK_API lmk_status lmk_repeat_tiled(lmk_stream *s, const lmk_buffer *src, lmk_bu
  * output and positions. DEVICE: launch failure (CUDA).
  * ---------------------------------------------------------------------------------------------- */
 
-typedef enum lmk_rope_mode { LMK_ROPE_MROPE = 8, LMK_ROPE_IMROPE = 40 } lmk_rope_mode;
+/* Rope modes (ggml's numbers). lmk_rope_multi takes MROPE and IMROPE; lmk_rope takes all five. */
+typedef enum lmk_rope_mode {
+    LMK_ROPE_NORMAL = 0,  /* GPT-J: pairs (x[2p], x[2p+1]) */
+    LMK_ROPE_NEOX = 2,    /* Llama, Qwen, Mistral: rotate_half, pairs (x[p], x[p + rope_dim/2]) */
+    LMK_ROPE_MROPE = 8,   /* Qwen2-VL text: contiguous sections */
+    LMK_ROPE_VISION = 24, /* Qwen2-VL / 2.5-VL ViT: sections, exponent restarting per section */
+    LMK_ROPE_IMROPE = 40  /* Qwen3-VL, Qwen3.5 / 3.6: interleaved sections */
+} lmk_rope_mode;
 
 typedef enum lmk_rope_pairing {
     LMK_ROPE_PAIR_HALF_ROPE = 0, /* (x[p], x[p + rope_dim/2]): Hugging Face, ggml */
@@ -302,6 +356,117 @@ LMK_API lmk_status lmk_rope_multi_qk(lmk_stream *s, const lmk_buffer *q_in, lmk_
                                      const lmk_buffer *k_in, lmk_buffer *k_out,
                                      const lmk_buffer *positions, const lmk_rope_multi_params *p,
                                      uint32_t n_k_heads);
+
+/* ------------------------------------------------------------------------------------------------
+ * rope: every rotary position embedding, on one tensor or on q and k in one launch
+ *
+ *     q_in, q_out [T, n_heads, head_dim],  k_in, k_out [T, n_k_heads, head_dim]   f32, bf16, f16
+ *     positions   i32, u32 (read as i32) or i64: T entries (NORMAL, NEOX), 4*T axis-major (MROPE,
+ *                 IMROPE, VISION: t = positions[i], h = positions[T+i], w = [2T+i], e = [3T+i])
+ *     freq_factors NULL, or f32 with at least n_pairs entries
+ *
+ * Every operand may be a strided view ("Operands" above): q from a [q | gate] projection, q and k
+ * (in place) inside a packed QKV buffer. Rotated pairs p in [0, n_pairs), n_pairs = rope_dim/2:
+ *
+ *   mode         pair (a, b)                                          axis of pair p   j, n
+ *   NORMAL  0    (x[2p], x[2p+1])                                     t                p, rope_dim
+ *   NEOX    2    (x[p], x[p+rope_dim/2]); HALF_HEAD: (x[p], x[p+D/2])  t                p, rope_dim
+ *   MROPE   8    as NEOX                                              as rope_multi    p, rope_dim
+ *   IMROPE  40   as NEOX                                              as rope_multi    p, rope_dim
+ *   VISION  24   (x[p], x[p+D/2]), rope_dim == head_dim               as MROPE         p - start of
+ *                                                                                      its section, D/2
+ *
+ * (rope_multi above draws the MROPE and IMROPE section layouts; for VISION the pair's sector is
+ * p % (s0+s1+s2+s3) and j restarts at 0 at each section: [20,20] on D = 80 gives t0..t19 h0..h19.)
+ * The angle and scaling are ggml's rope_yarn:
+ *
+ *     theta_e = pos * freq_base^(-2j/n) / ff[p]        ff = freq_factors, or 1 when NULL
+ *     theta_i = freq_scale * theta_e
+ *     ext_factor == 0:  theta = theta_i,  m = attn_factor
+ *     ext_factor != 0:  corr(b) = n * ln(n_ctx_orig / (2 pi b)) / (2 ln freq_base)
+ *                       low  = max(0, floor(corr(beta_fast))),  high = min(n - 1, ceil(corr(beta_slow)))
+ *                       ramp = (1 - clamp((p - low) / max(0.001, high - low), 0, 1)) * ext_factor
+ *                       theta = theta_i * (1 - ramp) + theta_e * ramp
+ *                       m = attn_factor * (1 + 0.1 * ln(1 / freq_scale))
+ *     out_a = (a cos(theta) - b sin(theta)) * m,   out_b = (a sin(theta) + b cos(theta)) * m
+ *
+ * Zero fields mean the default: freq_scale 1, attn_factor 1, beta_fast 32, beta_slow 1. Elements
+ * outside the rotated pairs are copied bit-exactly and never scaled. Hugging Face rope_type maps:
+ * linear: freq_scale = 1/factor. yarn (truncate true): freq_scale = 1/factor, ext_factor = 1,
+ * n_ctx_orig = original_max_position_embeddings. dynamic: pass the adjusted freq_base. llama3,
+ * longrope and yarn with truncate false: freq_factors[p] = freq_base^(-2p/n) / inv_freq_HF[p] and
+ * attn_factor = HF's attention_scaling.
+ *
+ * Precision: as rope_multi, with f32 results within 1e-5 * max(1, m) of the float64 result. q and
+ * k share the positions and every parameter; cos/sin are computed once per (token, pair). Each
+ * output may equal its input exactly (in place); k_in and k_out are both NULL (q only) or both
+ * given. The call is deterministic: outputs depend on the inputs only, never on the caller's
+ * floating-point environment (rounding mode), thread count or the device's scheduling.
+ *
+ * Errors (INVALID_ARGUMENT, in this order, each message naming the value and the rule):
+ *   R1  NULL stream, q_in, q_out, positions or params ("rope: q_in must not be NULL"); k_in
+ *       without k_out or k_out without k_in;
+ *   R2  head_dim, rope_dim, n_heads, seq_len not all > 0; n_k_heads == 0 with k given;
+ *   R3  head_dim or rope_dim odd;
+ *   R4  rope_dim > head_dim;
+ *   R5  freq_base not finite and positive;
+ *   R6  mode not one of the five;
+ *   R7  VISION with rope_dim != head_dim;
+ *   R8  pairing not HALF_ROPE or HALF_HEAD, or NORMAL with HALF_HEAD;
+ *   R9  a scaling field not finite; freq_scale, attn_factor, beta_fast or beta_slow negative;
+ *       ext_factor != 0 with n_ctx_orig == 0;
+ *   R10 q_in, q_out, k_in, k_out not [T, heads, head_dim] operands; their dtypes differ; dtype not
+ *       f32, bf16 or f16;
+ *   R11 positions not dense i32/u32/i64 of exactly T (NORMAL, NEOX) or 4*T entries;
+ *   R12 freq_factors not dense f32 or with fewer than n_pairs entries;
+ *   R13 a buffer on another device than the stream's;
+ *   R14 overlaps ("Operands" above).
+ * DEVICE: launch failure (CUDA).
+ * ---------------------------------------------------------------------------------------------- */
+
+typedef struct lmk_rope_params {
+    uint32_t head_dim, rope_dim, n_heads, seq_len; /* n_heads: heads of q */
+    float freq_base;
+    lmk_rope_mode mode;
+    uint32_t sections[4];                          /* MROPE, IMROPE, VISION */
+    lmk_rope_pairing pairing;                      /* NEOX, MROPE, IMROPE */
+    uint32_t n_k_heads;                            /* heads of k; ignored when k_in is NULL */
+    float freq_scale;                              /* 0 = 1 */
+    float ext_factor;                              /* 0 = no YaRN ramp */
+    float attn_factor;                             /* 0 = 1 */
+    float beta_fast, beta_slow;                    /* 0 = 32, 1 */
+    uint32_t n_ctx_orig;                           /* needed when ext_factor != 0 */
+} lmk_rope_params;
+
+LMK_API lmk_status lmk_rope(lmk_stream *s, const lmk_buffer *q_in, const lmk_buffer *k_in,
+                            const lmk_buffer *positions, const lmk_buffer *freq_factors, lmk_buffer *q_out,
+                            lmk_buffer *k_out, const lmk_rope_params *p);
+
+/* ------------------------------------------------------------------------------------------------
+ * repeat_heads: the GQA head broadcast in both layouts
+ *
+ *     src [seq, hg, k]  ->  dst [seq, h, k],   dst[t, i, j] = src[t, g(i), j],   h % hg == 0
+ *     LMK_REPEAT_TILED (0): g(i) = i % hg          GGUF / llama.cpp (ggml_repeat_4d), repeat_tiled
+ *     LMK_REPEAT_BLOCK (1): g(i) = i / (h / hg)    Hugging Face repeat_interleave / repeat_kv
+ *
+ * A bit-exact copy of any element size; src and dst may be strided views ("Operands" above) and
+ * must not overlap. A model loaded from GGUF uses TILED, the same model from safetensors BLOCK.
+ *
+ * Errors (INVALID_ARGUMENT, in this order): NULL stream/buffer/params; any of seq, hg, h, k is 0;
+ * h not a multiple of hg; unknown layout; src not a [seq, hg, k] or dst not a [seq, h, k]
+ * operand; dtype mismatch; a buffer on another device; overlapping src and dst, or a dst whose
+ * elements overlap each other. DEVICE: launch failure (CUDA).
+ * ---------------------------------------------------------------------------------------------- */
+
+typedef enum lmk_repeat_layout { LMK_REPEAT_TILED = 0, LMK_REPEAT_BLOCK = 1 } lmk_repeat_layout;
+
+typedef struct lmk_repeat_heads_params {
+    uint32_t seq, hg, h, k;
+    lmk_repeat_layout layout;
+} lmk_repeat_heads_params;
+
+LMK_API lmk_status lmk_repeat_heads(lmk_stream *s, const lmk_buffer *src, lmk_buffer *dst,
+                                    const lmk_repeat_heads_params *p);
 
 #ifdef __cplusplus
 }

@@ -8,7 +8,7 @@
  *                      "SKIP cuda: ..." line), device buffers made from host arrays, poison and
  *                      guard bytes around outputs, and error-message checks;
  *  - common_cmp.c:     bit compare, f32 absolute tolerance, bf16/f16 "one ulp of the float64 result
- *                      plus 1e-6", and the rope comparison against lmk_ref_rope_multi_f64 (chunked
+ *                      plus 1e-6", and the rope comparison against lmk_ref_rope_f64_tokens (chunked
  *                      over tokens, so prompt-length shapes need no huge float64 buffers);
  *  - common_cases.c:   the real model shapes both ops are tested on, with case names printed the way
  *                      ggml's test-backend-ops prints them.
@@ -21,6 +21,8 @@
 
 #include "core/internal.h"
 #include "harness.h"
+#include "ops/repeat/repeat.h"
+#include "ops/rope/rope.h"
 #include "lmk.h"
 
 #include <stdbool.h>
@@ -137,11 +139,22 @@ void tst_cmp_f64(lmk_dtype dtype, const void *got, const double *want, size_t n,
 void tst_rope_rotated_mask(const lmk_rope_multi_params *p, bool *mask);
 
 /* Checks the outputs of a rope launch against the float64 reference: `a` holds host copies of
- * the inputs and positions (a->t[i].in, a->positions; a->t[i].out is ignored) and got[i] the
- * output read back for tensor i. Rotated elements: the precision contract (f32 within f32_tol,
- * bf16/f16 one ulp plus 1e-6); every other element: bit-exact copy of the input. Works in chunks
- * of tokens. On failure writes a description to msg and returns false. */
+ * the inputs, positions and freq_factors (a->t[i].in with its strides, a->angle.positions; a->t[i].out
+ * is ignored) and got[i] the output read back for tensor i, laid out with a->t[i]'s output strides.
+ * Rotated elements: the precision contract (f32 within f32_tol * max(1, m), bf16/f16 one ulp plus
+ * 1e-6); every other element: bit-exact copy of the input. Works in chunks of tokens. On failure
+ * writes a description to msg and returns false. */
 bool tst_rope_check(const lmk_rope_args *a, const void *const got[2], double f32_tol, char *msg, size_t msg_len);
+
+/* Dense host operand [n0, n1, n2] of element size es at data (for lmk_rope_args_for). */
+lmk_tensor3 tst_dense3(const void *data, size_t n0, size_t n1, size_t n2, size_t es);
+
+/* Host arguments of a dense lmk_rope_multi / lmk_rope_multi_qk call (n_t tensors: q, and k with
+ * n_k_heads heads) for the reference and tst_rope_check. */
+lmk_rope_args tst_rope_host_args(const lmk_rope_multi_params *p, uint32_t n_k_heads, int n_t, lmk_dtype dtype,
+                                 const void *q, const void *k, const int32_t *pos);
+/* Host arguments of a dense tiled repeat (lmk_repeat_tiled) for lmk_ref_repeat. */
+lmk_repeat_args tst_repeat_host_args(const void *src, void *dst, size_t seq, size_t hg, size_t h, size_t k, size_t es);
 
 /* ---- case tables of real model shapes (common_cases.c) ---- */
 

@@ -89,92 +89,128 @@ void tst_rope_rotated_mask(const lmk_rope_multi_params *p, bool *mask)
     }
 }
 
+/* Which elements of a row the launch `a` rotates. */
+static void args_rotated_mask(const lmk_rope_args *a, bool *mask)
+{
+    for (uint32_t j = 0; j < a->head_dim; j++)
+        mask[j] = false;
+    for (uint32_t p = 0; p < a->rope_dim / 2; p++) {
+        const size_t ia = a->interleaved ? 2 * (size_t)p : p;
+        mask[ia] = true;
+        mask[a->interleaved ? ia + 1 : p + a->pair_stride] = true;
+    }
+}
+
+/* One tensor of a launch: got (laid out with the output strides) against the reference. */
+static bool check_tensor(const lmk_rope_args *a, int ti, const void *got, const bool *mask, double f32_tol,
+                         char *msg, size_t msg_len)
+{
+    const lmk_rope_tensor *t = &a->t[ti];
+    const size_t hd = a->head_dim, es = lmk_dtype_size(a->dtype), nh = t->n_heads, row_elems = nh * hd;
+    size_t chunk = ((size_t)1 << 20) / row_elems;
+    chunk = chunk < 1 ? 1 : chunk > a->seq_len ? a->seq_len : chunk;
+    double *want = malloc(chunk * row_elems * sizeof *want);
+    unsigned char *dense = malloc(chunk * row_elems * es);
+    if (!want || !dense) {
+        snprintf(msg, msg_len, "out of host memory");
+        free(want);
+        free(dense);
+        return false;
+    }
+    tst_cmp rot = {0};
+    size_t n_copy_bad = 0, first_copy_bad = 0;
+    uint32_t copy_got = 0, copy_in = 0;
+    for (size_t t0 = 0; t0 < a->seq_len; t0 += chunk) {
+        const size_t nt = a->seq_len - t0 < chunk ? a->seq_len - t0 : chunk;
+        double *const outs[2] = {want, NULL};
+        lmk_rope_args one = *a; /* tensor ti alone */
+        one.t[0] = a->t[ti];
+        one.n_tensors = 1;
+        lmk_ref_rope_f64_tokens(&one, t0, t0 + nt, outs);
+        /* Gather got and the input into dense rows for the comparison. */
+        for (size_t k = 0; k < nt; k++)
+            for (size_t h = 0; h < nh; h++) {
+                const size_t r = k * nh + h, tok = t0 + k;
+                memcpy(dense + r * hd * es, (const char *)got + (tok * t->out_tok + h * t->out_head) * es, hd * es);
+                const char *in = (const char *)t->in + (tok * t->in_tok + h * t->in_head) * es;
+                for (size_t i = 0; i < hd; i++)
+                    if (!mask[i] && memcmp(dense + (r * hd + i) * es, in + i * es, es) != 0) {
+                        if (!n_copy_bad) {
+                            first_copy_bad = (t0 * nh + r) * hd + i;
+                            memcpy(&copy_got, dense + (r * hd + i) * es, es);
+                            memcpy(&copy_in, in + i * es, es);
+                        }
+                        n_copy_bad++;
+                    }
+            }
+        const size_t before = rot.n_bad;
+        tst_cmp_f64(a->dtype, dense, want, nt * row_elems, mask, hd, f32_tol, &rot);
+        if (rot.n_bad && !before)
+            rot.first_bad += t0 * row_elems;
+    }
+    bool ok = true;
+    if (rot.n_bad) {
+        const size_t i = rot.first_bad;
+        snprintf(msg, msg_len,
+                 "tensor %d: %zu of %zu rotated elements off; first at token %zu head %zu elem %zu: got %.9g "
+                 "want %.9g (err %.3g > tol %.3g); max err %.3g",
+                 ti, rot.n_bad, rot.n_checked, i / row_elems, i % row_elems / hd, i % hd, rot.got, rot.want,
+                 fabs(rot.got - rot.want), rot.tol, rot.max_err);
+        ok = false;
+    } else if (n_copy_bad) {
+        const size_t i = first_copy_bad;
+        snprintf(msg, msg_len,
+                 "tensor %d: %zu copied (not rotated) elements differ from the input; first at token %zu head "
+                 "%zu elem %zu: bits 0x%x != input 0x%x",
+                 ti, n_copy_bad, i / row_elems, i % row_elems / hd, i % hd, (unsigned)copy_got, (unsigned)copy_in);
+        ok = false;
+    } else {
+        snprintf(msg, msg_len, "max err %.3g", rot.max_err);
+    }
+    free(want);
+    free(dense);
+    return ok;
+}
+
 bool tst_rope_check(const lmk_rope_args *a, const void *const got[2], double f32_tol, char *msg, size_t msg_len)
 {
-    const size_t hd = a->head_dim, es = lmk_dtype_size(a->dtype);
-    const lmk_rope_multi_params p = {
-        .head_dim = a->head_dim, .rope_dim = a->rope_dim, .n_heads = 1, .seq_len = a->seq_len,
-        .freq_base = a->freq_base, .mode = a->mode, .pairing = a->pairing,
-    };
-    bool *mask = malloc(hd * sizeof *mask);
+    bool *mask = malloc(a->head_dim * sizeof *mask);
     if (!mask) {
         snprintf(msg, msg_len, "out of host memory");
         return false;
     }
-    tst_rope_rotated_mask(&p, mask);
+    args_rotated_mask(a, mask);
+    const double m = fabs(a->angle.mscale) > 1.0 ? fabs(a->angle.mscale) : 1.0;
     bool ok = true;
     msg[0] = '\0';
-
-    for (int ti = 0; ti < a->n_tensors && ok; ti++) {
-        const size_t nh = a->t[ti].n_heads, row_elems = nh * hd;
-        size_t chunk = ((size_t)1 << 20) / row_elems;
-        if (chunk < 1)
-            chunk = 1;
-        if (chunk > a->seq_len)
-            chunk = a->seq_len;
-        double *want = malloc(chunk * row_elems * sizeof *want);
-        int32_t *pos = malloc(4 * chunk * sizeof *pos);
-        if (!want || !pos) {
-            snprintf(msg, msg_len, "out of host memory");
-            free(want);
-            free(pos);
-            ok = false;
-            break;
-        }
-        tst_cmp rot = {0};
-        size_t n_copy_bad = 0, first_copy_bad = 0;
-        for (size_t t0 = 0; t0 < a->seq_len; t0 += chunk) {
-            const size_t nt = a->seq_len - t0 < chunk ? a->seq_len - t0 : chunk;
-            for (int axis = 0; axis < 4; axis++)
-                memcpy(pos + (size_t)axis * nt, a->positions + (size_t)axis * a->seq_len + t0, nt * sizeof *pos);
-            lmk_rope_args c = *a;
-            c.seq_len = (uint32_t)nt;
-            c.positions = pos;
-            c.n_tensors = 1;
-            c.t[0].in = (const char *)a->t[ti].in + t0 * row_elems * es;
-            c.t[0].out = NULL;
-            c.t[0].n_heads = (uint32_t)nh;
-            c.t[1] = c.t[0];
-            double *const outs[2] = {want, NULL};
-            lmk_ref_rope_multi_f64(&c, outs);
-
-            const char *g = (const char *)got[ti] + t0 * row_elems * es;
-            const size_t before = rot.n_bad;
-            tst_cmp_f64(a->dtype, g, want, nt * row_elems, mask, hd, f32_tol, &rot);
-            if (rot.n_bad && !before)
-                rot.first_bad += t0 * row_elems;
-            const char *in = c.t[0].in;
-            for (size_t i = 0; i < nt * row_elems; i++)
-                if (!mask[i % hd] && memcmp(g + i * es, in + i * es, es) != 0) {
-                    if (!n_copy_bad)
-                        first_copy_bad = t0 * row_elems + i;
-                    n_copy_bad++;
-                }
-        }
-        if (rot.n_bad) {
-            const size_t i = rot.first_bad;
-            snprintf(msg, msg_len,
-                     "tensor %d: %zu of %zu rotated elements off; first at token %zu head %zu elem %zu: got %.9g "
-                     "want %.9g (err %.3g > tol %.3g); max err %.3g",
-                     ti, rot.n_bad, rot.n_checked, i / row_elems, i % row_elems / hd, i % hd, rot.got, rot.want,
-                     fabs(rot.got - rot.want), rot.tol, rot.max_err);
-            ok = false;
-        } else if (n_copy_bad) {
-            const size_t i = first_copy_bad;
-            uint32_t gb = 0, ib = 0;
-            memcpy(&gb, (const char *)got[ti] + i * es, es);
-            memcpy(&ib, (const char *)a->t[ti].in + i * es, es);
-            snprintf(msg, msg_len,
-                     "tensor %d: %zu copied (not rotated) elements differ from the input; first at token %zu head "
-                     "%zu elem %zu: bits 0x%x != input 0x%x",
-                     ti, n_copy_bad, i / row_elems, i % row_elems / hd, i % hd, (unsigned)gb, (unsigned)ib);
-            ok = false;
-        } else if (msg[0] == '\0') {
-            snprintf(msg, msg_len, "max err %.3g", rot.max_err);
-        }
-        free(want);
-        free(pos);
-    }
+    for (int ti = 0; ti < a->n_tensors && ok; ti++)
+        ok = check_tensor(a, ti, got[ti], mask, f32_tol * m, msg, msg_len);
     free(mask);
     return ok;
+}
+
+lmk_tensor3 tst_dense3(const void *data, size_t n0, size_t n1, size_t n2, size_t es)
+{
+    return (lmk_tensor3){.data = (unsigned char *)(uintptr_t)data, .n = {n0, n1, n2}, .stride = {n1 * n2, n2, 1}, .es = es};
+}
+
+lmk_rope_args tst_rope_host_args(const lmk_rope_multi_params *p, uint32_t n_k_heads, int n_t, lmk_dtype dtype,
+                                 const void *q, const void *k, const int32_t *pos)
+{
+    lmk_rope_params rp = {.head_dim = p->head_dim, .rope_dim = p->rope_dim, .n_heads = p->n_heads,
+                          .seq_len = p->seq_len, .freq_base = p->freq_base, .mode = p->mode, .pairing = p->pairing,
+                          .n_k_heads = n_k_heads};
+    memcpy(rp.sections, p->sections, sizeof rp.sections);
+    const size_t es = lmk_dtype_size(dtype);
+    lmk_tensor3 t[4];
+    t[0] = t[1] = tst_dense3(q, p->seq_len, p->n_heads, p->head_dim, es);
+    t[2] = t[3] = tst_dense3(n_t > 1 ? k : q, p->seq_len, n_t > 1 ? n_k_heads : p->n_heads, p->head_dim, es);
+    return lmk_rope_args_for(&rp, dtype, t, n_t > 1, pos, LMK_I32, NULL);
+}
+
+lmk_repeat_args tst_repeat_host_args(const void *src, void *dst, size_t seq, size_t hg, size_t h, size_t k, size_t es)
+{
+    return (lmk_repeat_args){.src = src, .dst = dst, .seq = seq, .hg = hg, .h = h, .k = k, .elem_size = es,
+                             .src_tok = hg * k, .src_head = k, .dst_tok = h * k, .dst_head = k,
+                             .layout = LMK_REPEAT_TILED};
 }

@@ -160,27 +160,22 @@ static bool verify(scenario *sc, lmk_buffer *dst, lmk_buffer *q_out, lmk_buffer 
         snprintf(msg, n, "could not read the results back");
         goto done;
     }
-    const lmk_repeat_args ra = {.src = g_in->src, .dst = want, .seq = T, .hg = HG, .h = H, .k = K, .elem_size = 4};
-    lmk_ref_repeat_tiled(&ra);
+    const lmk_repeat_args ra = tst_repeat_host_args(g_in->src, want, T, HG, H, K, 4);
+    lmk_ref_repeat(&ra);
     if (tst_bits_diff(want, got_dst, N_DST * sizeof(float)) >= 0) {
         snprintf(msg, n, "repeat_tiled differs from the reference");
         goto done;
     }
-    lmk_rope_args a = {.dtype = LMK_F32, .head_dim = HD, .rope_dim = RD, .seq_len = T, .freq_base = k_rope.freq_base,
-                       .mode = k_rope.mode, .pairing = k_rope.pairing, .positions = g_in->pos, .n_tensors = 2};
-    memcpy(a.sections, k_rope.sections, sizeof a.sections);
-    a.t[0] = (lmk_rope_tensor){.in = g_in->q, .n_heads = NQ};
-    a.t[1] = (lmk_rope_tensor){.in = g_in->k, .n_heads = NK};
+    const lmk_rope_args a = tst_rope_host_args(&k_rope, NK, 2, LMK_F32, g_in->q, g_in->k, g_in->pos);
     const void *got1[2] = {got_q, got_k};
     if (!tst_rope_check(&a, got1, 1e-5, msg, n))
         goto done;
     const void *got2[2] = {got_q2, got_k};
     if (!tst_rope_check(&a, got2, 1e-5, msg, n))
         goto done;
-    lmk_rope_args b = a;
-    b.dtype = LMK_BF16;
-    b.n_tensors = 1;
-    b.t[0] = (lmk_rope_tensor){.in = g_in->kb, .n_heads = NK};
+    lmk_rope_multi_params kp = k_rope;
+    kp.n_heads = NK;
+    const lmk_rope_args b = tst_rope_host_args(&kp, 0, 1, LMK_BF16, g_in->kb, NULL, g_in->pos);
     const void *got3[2] = {got_kb, NULL};
     ok = tst_rope_check(&b, got3, 1e-5, msg, n);
 done:

@@ -163,13 +163,7 @@ static bool check_rope(const char *what, const layer *L, lmk_dtype dt, const voi
                        const void *q_got, const void *k_got)
 {
     const lmk_rope_multi_params *p = dt == LMK_F32 ? &L->pf : &L->pb;
-    lmk_rope_args a = {
-        .dtype = dt, .head_dim = p->head_dim, .rope_dim = p->rope_dim, .seq_len = p->seq_len,
-        .freq_base = p->freq_base, .mode = p->mode, .pairing = p->pairing,
-        .positions = L->t[POS].host, .n_tensors = 2,
-        .t = {{q_in, NULL, p->n_heads}, {k_in, NULL, N_K_HEADS}},
-    };
-    memcpy(a.sections, p->sections, sizeof a.sections);
+    const lmk_rope_args a = tst_rope_host_args(p, N_K_HEADS, 2, dt, q_in, k_in, L->t[POS].host);
     const void *got[2] = {q_got, k_got};
     char msg[512];
     const bool ok = tst_rope_check(&a, got, 1e-5, msg, sizeof msg);
@@ -182,8 +176,8 @@ static bool check_repeat(const char *what, const tbuf *src, const tbuf *dst_t, c
     void *want = malloc(dst_t->bytes);
     if (!TST_REQUIRE(want != NULL, "out of host memory"))
         return false;
-    const lmk_repeat_args a = {src->host, want, p->seq, p->hg, p->h, p->k, es};
-    lmk_ref_repeat_tiled(&a);
+    const lmk_repeat_args a = tst_repeat_host_args(src->host, want, p->seq, p->hg, p->h, p->k, es);
+    lmk_ref_repeat(&a);
     const long long d = tst_bits_diff(got, want, dst_t->bytes);
     free(want);
     return TST_REQUIRE(d < 0, "%s: output differs from the reference at byte %lld", what, d);
@@ -324,8 +318,8 @@ static void interop_cases(lmk_device *cuda)
         uint16_t in[30], out[90], want[90];
         for (int i = 0; i < 30; i++)
             in[i] = (uint16_t)(i * 2654435761u >> 16);
-        const lmk_repeat_args ra = {in, want, 3, 2, 6, 5, 2};
-        lmk_ref_repeat_tiled(&ra);
+        const lmk_repeat_args ra = tst_repeat_host_args(in, want, 3, 2, 6, 5, 2);
+        lmk_ref_repeat(&ra);
         bool ok = lmk_buffer_alloc(cuda, sizeof in, LMK_U16, NULL, 0, &src) == LMK_OK &&
                   lmk_buffer_alloc(cuda, sizeof out, LMK_U16, NULL, 0, &dst) == LMK_OK &&
                   lmk_buffer_write(src, 0, in, sizeof in) == LMK_OK && lmk_repeat_tiled(w, src, dst, &p) == LMK_OK &&

@@ -4,7 +4,7 @@
  *     src [T, Hg, K] -> dst [T, H, K],   dst[t, h, k] = src[t, h % Hg, k]
  *
  * A pure copy, so every comparison is bit for bit: the fast path of each backend against
- * lmk_ref_repeat_tiled on fresh random bytes (NaN payloads and all), over the Gated DeltaNet shapes
+ * lmk_ref_repeat on fresh random bytes (NaN payloads and all), over the Gated DeltaNet shapes
  * of the Qwen3.5/3.6 models, edge shapes and every element size. Outputs are poisoned and followed
  * by guard bytes, often inside larger (pooled) buffers or views at unaligned offsets. Then every
  * validation rule of SPEC.md section 1, in its order, with the message it must give, and with no
@@ -85,9 +85,8 @@ static void run_case(tst_dev *d, const rep_case *c)
         goto done;
 
     tst_poison(want, total, TST_POISON);
-    const lmk_repeat_args a = {.src = src, .dst = want + c->dst_off, .seq = p->seq, .hg = p->hg, .h = p->h,
-                               .k = p->k, .elem_size = es};
-    lmk_ref_repeat_tiled(&a);
+    const lmk_repeat_args a = tst_repeat_host_args(src, want + c->dst_off, p->seq, p->hg, p->h, p->k, es);
+    lmk_ref_repeat(&a);
 
     const long long diff = tst_bits_diff(got + c->dst_off, want + c->dst_off, used);
     if (diff >= 0) {

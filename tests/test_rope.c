@@ -7,7 +7,7 @@
  *     seed's differ, and only the former matches an independent rotate_half written here;
  *  3. every full-attention shape of SPEC.md section 3 at decode and at a prompt length, in f32,
  *     bf16 and f16, both pairings, in place and out of place, and the fused q+k launch, against
- *     lmk_ref_rope_multi_f64 under the precision contract (f32 1e-5 absolute for |x| <= 2, bf16/f16
+ *     lmk_ref_rope_f64 under the precision contract (f32 1e-5 absolute for |x| <= 2, bf16/f16
  *     one ulp plus 1e-6), with every element outside the rotated pairs a bit-exact copy;
  *  4. edge shapes: seq 1, rope_dim == head_dim, rope_dim 2, head_dim 2, wrapping, empty and huge
  *     sections, negative and +-2^20 positions, u32 positions, NaN payloads in copied elements;
@@ -101,19 +101,6 @@ done:
     return st;
 }
 
-static lmk_rope_args host_args(const lmk_rope_multi_params *p, uint32_t nk, int n_t, lmk_dtype dtype,
-                               const void *const in_host[2], const int32_t *pos_host)
-{
-    lmk_rope_args a = {
-        .dtype = dtype, .head_dim = p->head_dim, .rope_dim = p->rope_dim, .seq_len = p->seq_len,
-        .freq_base = p->freq_base, .mode = p->mode, .pairing = p->pairing, .positions = pos_host, .n_tensors = n_t,
-    };
-    memcpy(a.sections, p->sections, sizeof a.sections);
-    a.t[0] = (lmk_rope_tensor){.in = in_host[0], .out = NULL, .n_heads = p->n_heads};
-    a.t[1] = (lmk_rope_tensor){.in = n_t > 1 ? in_host[1] : in_host[0], .out = NULL, .n_heads = n_t > 1 ? nk : p->n_heads};
-    return a;
-}
-
 /* ------------------------------------------------------------------------------------------------
  * a case: random inputs, one launch, reference check
  * ---------------------------------------------------------------------------------------------- */
@@ -205,7 +192,7 @@ static void run_case(tst_dev *d, const rope_case *c)
     lmk_status st = rope_exec(d, p, c->n_k_heads, n_t, c->dtype, pos_dtype, c->in_place, cin, pos, got, name);
     bool pass = CHECK(st == LMK_OK, "%s [%s]: %s \"%s\"", name, d->name, lmk_status_name(st), lmk_last_error());
     if (st == LMK_OK) {
-        const lmk_rope_args a = host_args(p, c->n_k_heads, n_t, c->dtype, cin, pos);
+        const lmk_rope_args a = tst_rope_host_args(p, c->n_k_heads, n_t, c->dtype, cin[0], cin[1], pos);
         char msg[512];
         const void *const g[2] = {got[0], got[1]};
         const bool good = tst_rope_check(&a, g, F32_TOL, msg, sizeof msg);
@@ -280,7 +267,7 @@ static bool check_f32_vs_ref(const lmk_rope_multi_params *p, const float *in, co
                              char *msg, size_t msg_len)
 {
     const void *const i2[2] = {in, NULL};
-    const lmk_rope_args a = host_args(p, 0, 1, LMK_F32, i2, pos);
+    const lmk_rope_args a = tst_rope_host_args(p, 0, 1, LMK_F32, i2[0], NULL, pos);
     const void *const g[2] = {out, NULL};
     return tst_rope_check(&a, g, F32_TOL, msg, msg_len);
 }

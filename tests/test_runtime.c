@@ -172,18 +172,19 @@ static void test_dtypes(void)
         const char *name;
     } want[] = {
         {LMK_F32, 4, "f32"}, {LMK_F16, 2, "f16"}, {LMK_BF16, 2, "bf16"}, {LMK_U8, 1, "u8"},
-        {LMK_U16, 2, "u16"}, {LMK_U32, 4, "u32"}, {LMK_I32, 4, "i32"},
+        {LMK_U16, 2, "u16"}, {LMK_U32, 4, "u32"}, {LMK_I32, 4, "i32"}, {LMK_I64, 8, "i64"},
+        {LMK_F8E4M3, 1, "f8e4m3"},
     };
-    (void)CHECK(LMK_F32 == 0 && LMK_F16 == 1 && LMK_BF16 == 2 && LMK_U8 == 3 && LMK_U16 == 4 && LMK_U32 == 5 &&
-              LMK_I32 == 6 && LMK_DTYPE_COUNT == 7,
-          "dtype enum values changed");
+    _Static_assert(LMK_F32 == 0 && LMK_F16 == 1 && LMK_BF16 == 2 && LMK_U8 == 3 && LMK_U16 == 4 && LMK_U32 == 5 &&
+                       LMK_I32 == 6 && LMK_I64 == 7 && LMK_F8E4M3 == 8 && LMK_DTYPE_COUNT == 9,
+                   "dtype enum values are part of the ABI");
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         const size_t s = lmk_dtype_size(want[i].t);
         const char *n = lmk_dtype_name(want[i].t);
         CHECK(s == want[i].size && n && strcmp(n, want[i].name) == 0, "dtype %d: size %zu name \"%s\", want %zu \"%s\"",
               (int)want[i].t, s, n ? n : "(null)", want[i].size, want[i].name);
     }
-    const int bad[] = {7, 8, -1, 1000};
+    const int bad[] = {9, 10, -1, 1000};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const size_t s = lmk_dtype_size((lmk_dtype)bad[i]);
         const char *n = lmk_dtype_name((lmk_dtype)bad[i]);

@@ -124,8 +124,8 @@ static void do_repeat(worker *w, tst_dev *d, lmk_stream *s, tst_rng *r)
         goto done;
     }
     memset(want + dst_bytes, TST_POISON, TST_GUARD);
-    const lmk_repeat_args a = {.src = src, .dst = want, .seq = p.seq, .hg = p.hg, .h = p.h, .k = p.k, .elem_size = es};
-    lmk_ref_repeat_tiled(&a);
+    const lmk_repeat_args a = tst_repeat_host_args(src, want, p.seq, p.hg, p.h, p.k, es);
+    lmk_ref_repeat(&a);
     const long long diff = tst_bits_diff(want, got, dst_bytes + TST_GUARD);
     if (diff >= 0)
         fail(w, d->name, "repeat_tiled(seq %u, hg %u, h %u, k %u, %s): byte %lld differs from the reference%s", p.seq,
@@ -210,12 +210,7 @@ static void do_rope(worker *w, tst_dev *d, lmk_stream *s, tst_rng *r, int kind)
         fail(w, d->name, "%s: %s %s", name, lmk_status_name(st), lmk_last_error());
         goto done;
     }
-    lmk_rope_args a = {.dtype = t, .head_dim = p.head_dim, .rope_dim = p.rope_dim, .seq_len = p.seq_len,
-                       .freq_base = p.freq_base, .mode = p.mode, .pairing = p.pairing, .positions = pos,
-                       .n_tensors = qk ? 2 : 1};
-    memcpy(a.sections, p.sections, sizeof a.sections);
-    a.t[0] = (lmk_rope_tensor){.in = q, .n_heads = p.n_heads};
-    a.t[1] = (lmk_rope_tensor){.in = k, .n_heads = nk};
+    const lmk_rope_args a = tst_rope_host_args(&p, nk, qk ? 2 : 1, t, q, k, pos);
     char msg[256];
     const void *g2[2] = {got[0], got[1]};
     if (!tst_rope_check(&a, g2, 1e-5, msg, sizeof msg))

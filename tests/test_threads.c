@@ -93,8 +93,8 @@ static void one_repeat(worker *w, lmk_device *dev, lmk_stream *s, tst_rng *r)
         st = lmk_stream_sync(s);
     if (st == LMK_OK)
         st = lmk_buffer_read(bd, 0, got, dn + TST_GUARD);
-    const lmk_repeat_args a = {.src = src, .dst = want, .seq = q.seq, .hg = q.hg, .h = q.h, .k = q.k, .elem_size = es};
-    lmk_ref_repeat_tiled(&a);
+    const lmk_repeat_args a = tst_repeat_host_args(src, want, q.seq, q.hg, q.h, q.k, es);
+    lmk_ref_repeat(&a);
     if (st != LMK_OK || memcmp(got, want, dn + TST_GUARD) != 0) {
         w->bad_repeat++;
         char name[160];
@@ -165,12 +165,7 @@ static void one_rope(worker *w, lmk_device *dev, lmk_stream *s, tst_rng *r)
     char msg[512] = "";
     bool good = st == LMK_OK;
     if (good) {
-        lmk_rope_args a = {.dtype = t, .head_dim = p.head_dim, .rope_dim = p.rope_dim, .seq_len = p.seq_len,
-                           .freq_base = p.freq_base, .mode = p.mode, .pairing = p.pairing, .positions = pos,
-                           .n_tensors = n_t};
-        memcpy(a.sections, p.sections, sizeof a.sections);
-        for (int i = 0; i < 2; i++)
-            a.t[i] = (lmk_rope_tensor){.in = in[i < n_t ? i : 0], .out = NULL, .n_heads = heads[i < n_t ? i : 0]};
+        const lmk_rope_args a = tst_rope_host_args(&p, heads[n_t > 1 ? 1 : 0], n_t, t, in[0], in[n_t > 1 ? 1 : 0], pos);
         const void *const g[2] = {got[0], got[1]};
         good = tst_rope_check(&a, g, 1e-5, msg, sizeof msg);
     }

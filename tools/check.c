@@ -11,7 +11,8 @@
  */
 #include "tool.h"
 
-#include "ops/rope_common.h"
+#include "ops/repeat/repeat.h"
+#include "ops/rope/rope.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -462,19 +463,22 @@ static void check_rope_case(check_state *c, const rope_case *rc, lmk_dtype dt, u
     make_positions(&rng, rc->positions, rc->seq_len, h->pos);
 
     /* Which elements of a row are rotated: p and p + stride for every pair p. */
-    const uint32_t stride = lmk_rope_pair_stride(rc->pairing, rc->head_dim, rc->rope_dim);
+    const uint32_t stride = rc->pairing == LMK_ROPE_PAIR_HALF_HEAD ? rc->head_dim / 2 : rc->rope_dim / 2;
     for (uint32_t p = 0; p < rc->rope_dim / 2; p++)
         h->rotated[p] = h->rotated[p + stride] = true;
 
-    lmk_rope_args a = {
-        .dtype = dt, .head_dim = rc->head_dim, .rope_dim = rc->rope_dim, .seq_len = rc->seq_len,
-        .freq_base = rc->freq_base, .mode = rc->mode, .pairing = rc->pairing, .positions = h->pos,
-        .n_tensors = h->n_t,
-    };
-    memcpy(a.sections, rc->sections, sizeof a.sections);
-    for (int ti = 0; ti < h->n_t; ti++)
-        a.t[ti] = (lmk_rope_tensor){.in = h->in[ti], .out = NULL, .n_heads = h->heads[ti]};
-    lmk_ref_rope_multi_f64(&a, h->ref);
+    lmk_rope_params rp = {.head_dim = rc->head_dim, .rope_dim = rc->rope_dim, .n_heads = h->heads[0],
+                          .seq_len = rc->seq_len, .freq_base = rc->freq_base, .mode = rc->mode,
+                          .pairing = rc->pairing, .n_k_heads = h->n_t > 1 ? h->heads[1] : 0};
+    memcpy(rp.sections, rc->sections, sizeof rp.sections);
+    lmk_tensor3 t[4] = {{0}};
+    for (int ti = 0; ti < h->n_t; ti++) {
+        const size_t hd = rc->head_dim, nh = h->heads[ti];
+        t[2 * ti] = t[2 * ti + 1] = (lmk_tensor3){.data = h->in[ti], .n = {rc->seq_len, nh, hd},
+                                                  .stride = {nh * hd, hd, 1}, .es = lmk_dtype_size(dt)};
+    }
+    const lmk_rope_args a = lmk_rope_args_for(&rp, dt, t, h->n_t > 1, h->pos, LMK_I32, NULL);
+    lmk_ref_rope_f64(&a, h->ref);
 
     for (int b = 0; b < c->n_be; b++) {
         const int res = rope_run_backend(&c->be[b], rc, dt, h, detail, sizeof detail);
@@ -526,8 +530,10 @@ static int repeat_run_backend(const backend *be, const repeat_case *rc, lmk_dtyp
         }
         const lmk_repeat_args a = {
             .src = src + t0 * row_src, .dst = want, .seq = nt, .hg = rc->hg, .h = rc->h, .k = rc->k, .elem_size = es,
+            .src_tok = (size_t)rc->hg * rc->k, .src_head = rc->k, .dst_tok = (size_t)rc->h * rc->k, .dst_head = rc->k,
+            .layout = LMK_REPEAT_TILED,
         };
-        lmk_ref_repeat_tiled(&a);
+        lmk_ref_repeat(&a);
         if (memcmp(got, want, nt * row_dst) == 0)
             continue;
         size_t i = 0;

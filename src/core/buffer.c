@@ -23,9 +23,11 @@ static lmk_status set_shape(lmk_buffer *b, const char *fn, size_t byte_len, lmk_
         return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: shape must not be NULL when ndim (%d) > 0", fn, ndim);
     b->dtype = dtype;
     b->byte_len = byte_len;
+    b->dense = true;
     if (ndim == 0) {
         b->ndim = 1;
         b->shape[0] = byte_len / esize;
+        b->stride[0] = 1;
         b->element_count = b->shape[0];
         return LMK_OK;
     }
@@ -41,6 +43,11 @@ static lmk_status set_shape(lmk_buffer *b, const char *fn, size_t byte_len, lmk_
                         lmk_dtype_name(dtype), byte_len);
     b->ndim = ndim;
     memcpy(b->shape, shape, (size_t)ndim * sizeof shape[0]);
+    size_t stride = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        b->stride[i] = stride;
+        stride *= shape[i]; /* cannot overflow: the product of all of them did not */
+    }
     b->element_count = count;
     return LMK_OK;
 }
@@ -96,6 +103,13 @@ lmk_status lmk_buffer_wrap(lmk_device *dev, void *ptr, size_t byte_len, lmk_dtyp
     return LMK_OK;
 }
 
+/* parent's memory from byte_offset; a NULL parent (a wrapped empty buffer) stays NULL, since
+ * NULL + 0 is undefined in C. */
+static unsigned char *view_data(const lmk_buffer *parent, size_t byte_offset)
+{
+    return parent->data ? parent->data + byte_offset : NULL;
+}
+
 lmk_status lmk_buffer_view(const lmk_buffer *parent, size_t byte_offset, lmk_dtype dtype, const size_t *shape,
                            int ndim, lmk_buffer **out)
 {
@@ -111,7 +125,7 @@ lmk_status lmk_buffer_view(const lmk_buffer *parent, size_t byte_offset, lmk_dty
         return st;
     if (ndim > 0)
         tmp.byte_len = tmp.element_count * lmk_dtype_size(dtype); /* exactly the shape's bytes */
-    if ((uintptr_t)(parent->data + byte_offset) % lmk_dtype_size(dtype))
+    if (((uintptr_t)parent->data + byte_offset) % lmk_dtype_size(dtype))
         return lmk_fail(LMK_ERR_INVALID_ARGUMENT,
                         "lmk_buffer_view: byte_offset %zu is not aligned to the %s size (%zu)", byte_offset,
                         lmk_dtype_name(dtype), lmk_dtype_size(dtype));
@@ -120,7 +134,56 @@ lmk_status lmk_buffer_view(const lmk_buffer *parent, size_t byte_offset, lmk_dty
         return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk_buffer_view: out of host memory");
     *b = tmp;
     b->dev = parent->dev;
-    b->data = parent->data + byte_offset;
+    b->data = view_data(parent, byte_offset);
+    *out = b;
+    return LMK_OK;
+}
+
+lmk_status lmk_buffer_view_strided(const lmk_buffer *parent, size_t byte_offset, lmk_dtype dtype, const size_t *shape,
+                                   const size_t *strides, int ndim, lmk_buffer **out)
+{
+    static const char fn[] = "lmk_buffer_view_strided";
+    if (!parent)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: parent must not be NULL", fn);
+    if (!out)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: out must not be NULL", fn);
+    const size_t es = lmk_dtype_size(dtype);
+    if (es == 0)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: unknown dtype %d", fn, (int)dtype);
+    if (ndim < 1 || ndim > LMK_MAX_DIMS)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: ndim (%d) must be in [1, %d]", fn, ndim, LMK_MAX_DIMS);
+    if (!shape || !strides)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: %s must not be NULL", fn, !shape ? "shape" : "strides");
+    if (byte_offset > parent->byte_len)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: byte_offset %zu is past the parent's %zu bytes", fn,
+                        byte_offset, parent->byte_len);
+    if (((uintptr_t)parent->data + byte_offset) % es)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: byte_offset %zu is not aligned to the %s size (%zu)", fn,
+                        byte_offset, lmk_dtype_name(dtype), es);
+    /* count = product of the shape; last = offset of the furthest element, in elements. */
+    size_t count = 1, last = 0, term;
+    for (int i = 0; i < ndim; i++) {
+        if (lmk_mul_overflows(count, shape[i], &count))
+            return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: shape element count overflows size_t", fn);
+        if (shape[i] && (lmk_mul_overflows(shape[i] - 1, strides[i], &term) || __builtin_add_overflow(last, term, &last)))
+            return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: the span of axis %d (%zu elements, stride %zu) overflows",
+                            fn, i, shape[i], strides[i]);
+    }
+    size_t span = 0;
+    if (count && (__builtin_add_overflow(last, 1, &span) || lmk_mul_overflows(span, es, &span)))
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: the view's byte span overflows size_t", fn);
+    if (span > parent->byte_len - byte_offset)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT,
+                        "%s: the view spans %zu bytes from byte_offset %zu, past the parent's %zu bytes", fn, span,
+                        byte_offset, parent->byte_len);
+    lmk_buffer *b = lmk_host_alloc(sizeof *b, 0);
+    if (!b)
+        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    *b = (lmk_buffer){.dev = parent->dev, .data = view_data(parent, byte_offset), .byte_len = span, .dtype = dtype,
+                      .ndim = ndim, .element_count = count};
+    memcpy(b->shape, shape, (size_t)ndim * sizeof shape[0]);
+    memcpy(b->stride, strides, (size_t)ndim * sizeof strides[0]);
+    b->dense = lmk_buffer_is_contiguous(b) != 0;
     *out = b;
     return LMK_OK;
 }
@@ -173,3 +236,22 @@ size_t lmk_buffer_dim(const lmk_buffer *buf, int axis)
 }
 lmk_device *lmk_buffer_device(const lmk_buffer *buf) { return buf ? buf->dev : NULL; }
 void *lmk_buffer_data(const lmk_buffer *buf) { return buf ? buf->data : NULL; }
+size_t lmk_buffer_stride(const lmk_buffer *buf, int axis)
+{
+    return buf && axis >= 0 && axis < buf->ndim ? buf->stride[axis] : 0;
+}
+
+int lmk_buffer_is_contiguous(const lmk_buffer *buf)
+{
+    if (!buf)
+        return 0;
+    size_t want = 1;
+    for (int i = buf->ndim - 1; i >= 0; i--) {
+        if (buf->shape[i] == 0)
+            return 1; /* no elements: trivially dense */
+        if (buf->shape[i] != 1 && buf->stride[i] != want)
+            return 0;
+        want *= buf->shape[i];
+    }
+    return 1;
+}

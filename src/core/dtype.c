@@ -16,7 +16,8 @@ static const struct {
     size_t size;
 } g_dtypes[LMK_DTYPE_COUNT] = {
     [LMK_F32] = {"f32", 4}, [LMK_F16] = {"f16", 2}, [LMK_BF16] = {"bf16", 2}, [LMK_U8] = {"u8", 1},
-    [LMK_U16] = {"u16", 2}, [LMK_U32] = {"u32", 4}, [LMK_I32] = {"i32", 4},
+    [LMK_U16] = {"u16", 2}, [LMK_U32] = {"u32", 4}, [LMK_I32] = {"i32", 4}, [LMK_I64] = {"i64", 8},
+    [LMK_F8E4M3] = {"f8e4m3", 1},
 };
 
 size_t lmk_dtype_size(lmk_dtype t)
@@ -104,6 +105,43 @@ uint16_t lmk_f32_to_f16(float f)
     return (uint16_t)(sign | q);
 }
 
+/* E4M3FN: sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0 is subnormal (m * 2^-9);
+ * 0x7F and 0xFF are NaN; there is no infinity. */
+float lmk_f8e4m3_to_f32(uint8_t v)
+{
+    const float sign = (v & 0x80u) ? -1.0f : 1.0f;
+    const int e = (v >> 3) & 0xf, m = v & 7;
+    if (e == 15 && m == 7)
+        return bits_f32((v & 0x80u ? 0x80000000u : 0u) | 0x7fc00000u);
+    if (e == 0)
+        return sign * ldexpf((float)m, -9);
+    return sign * ldexpf((float)(8 + m), e - 10);
+}
+
+/* Exact: |f| / quantum is a power-of-two scaling, so it is exact in double, and the rounding to
+ * nearest-even is done by hand (never through the caller's rounding mode). */
+uint8_t lmk_f32_to_f8e4m3(float f)
+{
+    const uint8_t sign = (f32_bits(f) >> 24) & 0x80u;
+    if (isnan(f))
+        return (uint8_t)(sign | 0x7fu);
+    const double a = fabs((double)f);
+    if (a >= 448.0)
+        return (uint8_t)(sign | 0x7eu);
+    int e;
+    frexp(a, &e);                 /* a in [2^(e-1), 2^e) */
+    const int exp = e - 1 < -6 ? -6 : e - 1;
+    const double q = ldexp(a, 3 - exp); /* units of the spacing 2^(exp-3) */
+    double r = floor(q);
+    const double frac = q - r;
+    if (frac > 0.5 || (frac == 0.5 && fmod(r, 2.0) != 0.0))
+        r += 1.0;
+    /* Subnormals (exp -6 with r < 8) encode r directly; normals (exp+7) * 8 + (r - 8), which also
+     * carries r == 16 into the next exponent. */
+    const int code = e - 1 < -6 && r < 8.0 ? (int)r : (exp + 7) * 8 + (int)r - 8;
+    return (uint8_t)(sign | code);
+}
+
 double lmk_float_load(lmk_dtype t, const void *base, size_t i)
 {
     if (t == LMK_F32) {
@@ -118,8 +156,8 @@ double lmk_float_load(lmk_dtype t, const void *base, size_t i)
 
 double lmk_ulp(lmk_dtype t, double v)
 {
-    const int frac_bits = t == LMK_BF16 ? 7 : t == LMK_F16 ? 10 : 23;
-    const double min_spacing = ldexp(1.0, t == LMK_BF16 ? -133 : t == LMK_F16 ? -24 : -149);
+    const int frac_bits = t == LMK_BF16 ? 7 : t == LMK_F16 ? 10 : t == LMK_F8E4M3 ? 3 : 23;
+    const double min_spacing = ldexp(1.0, t == LMK_BF16 ? -133 : t == LMK_F16 ? -24 : t == LMK_F8E4M3 ? -9 : -149);
     if (v == 0 || !isfinite(v))
         return min_spacing;
     int e;

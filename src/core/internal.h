@@ -1,16 +1,19 @@
 /*
  * internal.h - what the pieces of lmk share behind the public header.
  *
- * The layering is: src/ops/<op>.c validates a call once and turns handles into a plain argument
- * struct of raw pointers and sizes (lmk_repeat_args, lmk_rope_args below); a backend (src/cpu,
- * src/cuda) receives only such structs through its lmk_backend_ops table. The naive float64
- * references (src/ops/<op>_ref.c) take the same structs over host memory, so tests and `lmk check`
- * can run the reference and any backend on exactly the same arguments.
+ * The layering: src/ops/<op>/op.c validates a call once and turns handles into a plain argument
+ * struct of raw pointers, sizes and element strides (declared in src/ops/<op>/<op>.h); a backend
+ * receives only that struct, through the op's slot in its lmk_backend_ops table. The list of ops
+ * (src/ops/ops.h) generates the slots, the backends' tables and the CUDA kernel preloads, so adding
+ * an op adds one line there. The naive float64 references (src/ops/<op>/ref.c) take the same
+ * structs over host memory, so tests and `lmk check` run the reference and any backend on exactly
+ * the same arguments.
  */
 #ifndef LMK_INTERNAL_H
 #define LMK_INTERNAL_H
 
 #include "lmk.h"
+#include "ops/ops.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
@@ -39,57 +42,25 @@ void *lmk_host_alloc(size_t size, size_t alignment); /* NULL on failure, sets no
 void *lmk_host_calloc(size_t size, size_t alignment);
 void  lmk_host_free(void *p);
 
-/* ---- op arguments: what validation hands to a backend ---- */
-
-typedef struct lmk_repeat_args {
-    const void *src;
-    void *dst;
-    size_t seq, hg, h, k;   /* element counts */
-    size_t elem_size;       /* bytes per element, 1..8 */
-} lmk_repeat_args;
-
-/* One tensor that a rope launch rotates. in == out means in place. */
-typedef struct lmk_rope_tensor {
-    const void *in;
-    void *out;
-    uint32_t n_heads;
-} lmk_rope_tensor;
-
-typedef struct lmk_rope_args {
-    lmk_dtype dtype;                /* LMK_F32, LMK_BF16 or LMK_F16 */
-    uint32_t head_dim, rope_dim, seq_len;
-    float freq_base;
-    lmk_rope_mode mode;
-    uint32_t sections[4];
-    lmk_rope_pairing pairing;
-    const int32_t *positions;       /* 4*seq_len, axis-major (u32 reinterpreted) */
-    int n_tensors;                  /* 1 (lmk_rope_multi) or 2 (q and k of lmk_rope_multi_qk) */
-    lmk_rope_tensor t[2];
-} lmk_rope_args;
-
 /* ---- element access and the precision contract (src/core/dtype.c) ---- */
 
 /* Element i of an f32, bf16 or f16 array, widened exactly. */
 double lmk_float_load(lmk_dtype t, const void *base, size_t i);
-/* One unit in the last place of dtype t (f32, bf16, f16) at magnitude |v|, subnormal spacing
- * included; the smallest spacing for 0 and non-finite v. */
+/* One unit in the last place of dtype t (f32, bf16, f16, f8e4m3) at magnitude |v|, subnormal
+ * spacing included; the smallest spacing for 0 and non-finite v. */
 double lmk_ulp(lmk_dtype t, double v);
-/* SPEC.md's rope precision contract for an output whose float64 result is ref: 1e-5 absolute for
- * f32 (for |x| <= 2 and |position| <= 2^20), one ulp plus 1e-6 absolute for bf16 and f16. */
+/* The rope precision contract of lmk.h for an output whose float64 result is ref and whose
+ * rotation is scaled by m (attn_factor, 1 without scaling): 1e-5 * max(1, m) absolute for f32 (for
+ * |x| <= 2 and |angle| <= 2^20), one ulp plus 1e-6 absolute for bf16 and f16. */
 double lmk_rope_tolerance(lmk_dtype t, double ref);
-
-/* ---- naive float64 references over host memory: the executable spec (src/ops/<op>_ref.c) ---- */
-
-void lmk_ref_repeat_tiled(const lmk_repeat_args *a);
-void lmk_ref_rope_multi(const lmk_rope_args *a);
-/* The exact float64 results of every element of each tensor (out64[i] holds tensor i's
- * seq_len*n_heads*head_dim values; copied elements are the widened inputs). Writes no output. */
-void lmk_ref_rope_multi_f64(const lmk_rope_args *a, double *const out64[2]);
 
 /* ---- backends ---- */
 
+/* One op of one backend: arguments are validated, pointers are this device's memory. `args`
+ * points at the op's own argument struct (lmk_<op>_args). */
+typedef lmk_status (*lmk_op_fn)(lmk_stream *s, const void *args);
+
 typedef struct lmk_backend_ops {
-    const char *name;                                        /* "cpu", "cuda" */
     /* device */
     lmk_status (*device_open)(lmk_device *dev, int ordinal); /* fills dev->impl and dev->name */
     void (*device_close)(lmk_device *dev);
@@ -102,9 +73,9 @@ typedef struct lmk_backend_ops {
     lmk_status (*stream_create)(lmk_stream *s);
     lmk_status (*stream_sync)(lmk_stream *s);
     void (*stream_destroy)(lmk_stream *s);
-    /* ops: arguments are validated; pointers are this device's memory */
-    lmk_status (*repeat_tiled)(lmk_stream *s, const lmk_repeat_args *a);
-    lmk_status (*rope_multi)(lmk_stream *s, const lmk_rope_args *a);
+    /* ops, indexed by lmk_op_id; NULL where the backend lacks the op (the call then returns
+     * LMK_ERR_UNSUPPORTED) */
+    lmk_op_fn op[LMK_OP_COUNT];
 } lmk_backend_ops;
 
 extern const lmk_backend_ops lmk_cpu_backend;
@@ -112,6 +83,10 @@ extern const lmk_backend_ops lmk_cpu_backend;
 extern const lmk_backend_ops lmk_cuda_backend;
 int lmk_cuda_device_count(void);
 #endif
+
+/* Runs op `id` of the stream's backend on validated arguments (src/core/stream.c). `name` is the
+ * public op name for the UNSUPPORTED message. */
+lmk_status lmk_dispatch(lmk_stream *s, lmk_op_id id, const char *name, const void *args);
 
 struct lmk_device {
     lmk_backend backend;
@@ -128,11 +103,13 @@ struct lmk_buffer {
     lmk_device *dev;
     unsigned char *data;  /* first byte of this buffer (host or device address) */
     void *alloc;          /* what to hand back to mem_free, NULL when borrowed or a view */
-    size_t byte_len;
+    size_t byte_len;      /* dense: may exceed the shape's bytes (pooled); strided: the span */
     lmk_dtype dtype;
     int ndim;
     size_t shape[LMK_MAX_DIMS];
+    size_t stride[LMK_MAX_DIMS]; /* in elements; row-major dense for alloc, wrap and view */
     size_t element_count;
+    bool dense;           /* made by alloc, wrap or view: element i sits at data + i * size */
 };
 
 struct lmk_stream {
@@ -155,6 +132,41 @@ static inline bool lmk_ranges_overlap(const void *a, size_t an, const void *b, s
     const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
     return an && bn && x < y + bn && y < x + an;
 }
+
+/* ---- operands of ops (src/core/operand.c) ----
+ *
+ * An op operand of logical shape [n0, n1, n2] (tokens, heads, head elements) is either a dense
+ * buffer of exactly n0*n1*n2 elements, whatever its declared shape, or a 3-D buffer of exactly
+ * that shape whose last axis has stride 1 (lmk.h, "Operands"). Validation resolves it into an
+ * lmk_tensor3; backends receive its pointer and element strides. */
+typedef struct lmk_tensor3 {
+    unsigned char *data;  /* element [0, 0, 0] */
+    size_t n[3];          /* shape */
+    size_t stride[3];     /* in elements; stride[2] == 1 */
+    size_t es;            /* bytes per element */
+} lmk_tensor3;
+
+/* Resolves buffer b as the operand `name` of op `op` with shape [n0, n1, n2]. Fails with
+ * INVALID_ARGUMENT naming the operand, its shape and strides. */
+lmk_status lmk_operand3(const char *op, const char *name, const lmk_buffer *b, size_t n0, size_t n1, size_t n2,
+                        lmk_tensor3 *out);
+/* A dense buffer's used elements as a [1, 1, element_count] tensor (positions, weights, ...). */
+lmk_tensor3 lmk_operand_flat(const lmk_buffer *b);
+/* Same address, shape and strides (strides of axes of length 1 ignored): an in-place pair. */
+bool lmk_tensor3_same(const lmk_tensor3 *a, const lmk_tensor3 *b);
+/* Whether two elements of t share a byte (stride 0 on a long axis, or a self-overlapping layout). */
+bool lmk_tensor3_self_overlaps(const lmk_tensor3 *t);
+/* Whether a and b may share a byte. Exact for the layouts engines use (tensors side by side in
+ * one row, as q, k and v in a packed QKV projection, or q in a [q | gate] projection); for others
+ * it may answer true for disjoint tensors (conservative), never false for overlapping ones. */
+bool lmk_tensor3_overlap(const lmk_tensor3 *a, const lmk_tensor3 *b);
+/* Checks the outputs of an op against every operand (lmk.h "Operands"): each output is distinct
+ * in its own elements, and shares no byte with any other operand except that it may equal its own
+ * input exactly (in place). own_input[i] is the index in `ops` of output i's input, or -1.
+ * ops[0..n_ops) are all operands (outputs included, NULL data entries skipped); outputs are the
+ * indices out_idx[0..n_out). Fails naming both operands. */
+lmk_status lmk_check_overlaps(const char *op, const lmk_tensor3 *ops, const char *const *names, int n_ops,
+                              const int *out_idx, const int *own_input, int n_out);
 
 /* Thread count the CPU backend uses by default (LMK_NUM_THREADS, else online cores). */
 int lmk_default_threads(void);

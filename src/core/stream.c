@@ -42,3 +42,11 @@ lmk_device *lmk_stream_device(const lmk_stream *s)
 {
     return s ? s->dev : NULL;
 }
+
+lmk_status lmk_dispatch(lmk_stream *s, lmk_op_id id, const char *name, const void *args)
+{
+    const lmk_op_fn fn = s->dev->ops->op[id];
+    if (!fn)
+        return lmk_fail(LMK_ERR_UNSUPPORTED, "%s: the %s backend of this build has no %s", name, s->dev->name, name);
+    return fn(s, args);
+}

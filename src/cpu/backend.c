@@ -289,8 +289,12 @@ void lmk_cpu_parallel(lmk_stream *s, size_t bytes, lmk_cpu_task task, void *ctx)
     }
 }
 
+/* Every op of src/ops/ops.h has its CPU path, lmk_cpu_<op> in src/ops/<op>/cpu.c. */
+#define CPU_OP_DECL(name) lmk_status lmk_cpu_##name(lmk_stream *s, const void *args);
+LMK_OPS(CPU_OP_DECL)
+#undef CPU_OP_DECL
+
 const lmk_backend_ops lmk_cpu_backend = {
-    .name = "cpu",
     .device_open = cpu_device_open,
     .device_close = cpu_device_close,
     .mem_alloc = cpu_mem_alloc,
@@ -300,6 +304,7 @@ const lmk_backend_ops lmk_cpu_backend = {
     .stream_create = cpu_stream_create,
     .stream_sync = cpu_stream_sync,
     .stream_destroy = cpu_stream_destroy,
-    .repeat_tiled = lmk_cpu_repeat_tiled,
-    .rope_multi = lmk_cpu_rope_multi,
+#define CPU_OP_SLOT(name) [LMK_OP_##name] = lmk_cpu_##name,
+    .op = {LMK_OPS(CPU_OP_SLOT)},
+#undef CPU_OP_SLOT
 };

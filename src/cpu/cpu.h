@@ -3,8 +3,8 @@
  * open, the per-stream thread pool that runs an op's work, and the streaming (non-temporal) copy
  * both ops use for outputs too large to be worth keeping in cache.
  *
- * Backend layout: backend.c (vtable, device, memory, streams and their pools), repeat_tiled.c,
- * rope_multi.c. An op splits its work into n_threads deterministic shares (each output element is
+ * Backend layout: backend.c (vtable, device, memory, streams and their pools); each op's CPU
+ * path is src/ops/<op>/cpu.c. An op splits its work into n_threads deterministic shares (each output element is
  * computed by a fixed formula from the inputs alone, so the split never changes a result bit) and
  * hands one task function to lmk_cpu_parallel, which runs share 0 on the calling thread and the
  * others on the stream's workers, returning when all are done.
@@ -61,8 +61,6 @@ void lmk_cpu_parallel(lmk_stream *s, size_t bytes, lmk_cpu_task task, void *ctx)
 /* The ISA level of the stream's device. */
 lmk_cpu_isa lmk_cpu_stream_isa(const lmk_stream *s);
 
-lmk_status lmk_cpu_repeat_tiled(lmk_stream *s, const lmk_repeat_args *a);
-lmk_status lmk_cpu_rope_multi(lmk_stream *s, const lmk_rope_args *a);
 
 /* The contiguous share [lo, hi) of n items for thread tid of nth, with lo and hi multiples of
  * `grain` (except hi == n). Depends only on (n, tid, nth, grain). */

@@ -1,7 +1,6 @@
 /*
  * cuda_backend.cu - the CUDA backend's table (lmk_cuda_backend): devices, memory, streams, and
- * the interop entry points of include/lmk_cuda.h. The op kernels live in repeat_tiled.cu and
- * rope_multi.cu.
+ * the interop entry points of include/lmk_cuda.h. The op kernels live in src/ops/<op>/cuda.cu.
  *
  * Rules every function here keeps:
  *  - Never exit, abort or print: every CUDA failure becomes LMK_ERR_DEVICE (LMK_ERR_OUT_OF_MEMORY
@@ -63,9 +62,12 @@ static lmk_status cuda_device_open(lmk_device *dev, int ordinal)
 
     /* Loading every kernel now keeps module loading out of ops (and out of graph captures), and
      * a GPU this build has no code for fails here, once, with a clear message. */
-    e = lmk_cuda_repeat_preload();
-    if (e == cudaSuccess)
-        e = lmk_cuda_rope_preload();
+    e = cudaSuccess;
+#define CUDA_OP_PRELOAD(name) \
+    if (e == cudaSuccess)     \
+        e = lmk_cuda_##name##_preload();
+    LMK_OPS(CUDA_OP_PRELOAD)
+#undef CUDA_OP_PRELOAD
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction ||
@@ -81,8 +83,6 @@ static lmk_status cuda_device_open(lmk_device *dev, int ordinal)
         return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk_device_open: out of host memory");
     d->ordinal = ordinal;
     d->sm_count = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
-    d->cc_major = prop.major;
-    d->cc_minor = prop.minor;
     e = cudaStreamCreateWithFlags(&d->setup, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         lmk_host_free(d);
@@ -223,8 +223,10 @@ static void cuda_stream_destroy(lmk_stream *s)
     s->impl = NULL;
 }
 
-extern "C" const lmk_backend_ops lmk_cuda_backend = {
-    "cuda",
+/* Every op of src/ops/ops.h has its CUDA launcher, lmk_cuda_<op> in src/ops/<op>/cuda.cu. */
+static lmk_backend_ops make_table()
+{
+    lmk_backend_ops t = {
     cuda_device_open,
     cuda_device_close,
     cuda_mem_alloc,
@@ -234,9 +236,15 @@ extern "C" const lmk_backend_ops lmk_cuda_backend = {
     cuda_stream_create,
     cuda_stream_sync,
     cuda_stream_destroy,
-    lmk_cuda_repeat_tiled,
-    lmk_cuda_rope_multi,
-};
+    {},
+    };
+#define CUDA_OP_SLOT(name) t.op[LMK_OP_##name] = lmk_cuda_##name;
+    LMK_OPS(CUDA_OP_SLOT)
+#undef CUDA_OP_SLOT
+    return t;
+}
+
+extern "C" const lmk_backend_ops lmk_cuda_backend = make_table();
 
 /* ---- interop (include/lmk_cuda.h) ---- */
 

@@ -15,7 +15,6 @@
 typedef struct lmk_cuda_device {
     int ordinal;
     int sm_count;          /* sizes the grids: grid-stride kernels launch a few blocks per SM */
-    int cc_major, cc_minor;
     cudaStream_t setup;    /* private non-blocking stream for alloc zeroing and host copies */
 } lmk_cuda_device;
 
@@ -52,15 +51,15 @@ static inline lmk_status lmk_cuda_use(int ordinal, const char *what)
     return e == cudaSuccess ? LMK_OK : lmk_cuda_fail(e, what);
 }
 
-/* Op launchers (repeat_tiled.cu, rope_multi.cu): arguments are validated, pointers are device
- * memory of s->dev. Each enqueues exactly one kernel on the stream and checks the launch. */
-LMK_INTERNAL lmk_status lmk_cuda_repeat_tiled(lmk_stream *s, const lmk_repeat_args *a);
-LMK_INTERNAL lmk_status lmk_cuda_rope_multi(lmk_stream *s, const lmk_rope_args *a);
-
-/* Loads every kernel instantiation of a file into the current device's context (device open calls
- * these), so no launch, captured or not, pays for lazy module loading, and a GPU that this build
- * has no code for is reported at open rather than at the first op. */
-LMK_INTERNAL cudaError_t lmk_cuda_repeat_preload(void);
-LMK_INTERNAL cudaError_t lmk_cuda_rope_preload(void);
+/* Op launchers (src/ops/<op>/cuda.cu), one per entry of src/ops/ops.h: arguments are validated,
+ * pointers are device memory of s->dev; each enqueues its kernels on the stream and checks the
+ * launch. The preloads load every kernel instantiation of the op into the current device's context
+ * (device open calls them), so no launch, captured or not, pays for lazy module loading, and a GPU
+ * that this build has no code for is reported at open rather than at the first op. */
+#define LMK_CUDA_OP_DECL(name)                                                  \
+    LMK_INTERNAL lmk_status lmk_cuda_##name(lmk_stream *s, const void *args); \
+    LMK_INTERNAL cudaError_t lmk_cuda_##name##_preload(void);
+LMK_OPS(LMK_CUDA_OP_DECL)
+#undef LMK_CUDA_OP_DECL
 
 #endif /* LMK_CUDA_INTERNAL_H */

@@ -19,6 +19,7 @@
  * where the word count fits in 32 bits, because 64-bit division is a long software routine.
  */
 #include "cuda/cuda_internal.h"
+#include "ops/repeat/repeat.h"
 
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -96,8 +97,13 @@ void preload_width(cudaError_t *first)
 
 } /* namespace */
 
-lmk_status lmk_cuda_repeat_tiled(lmk_stream *s, const lmk_repeat_args *a)
+lmk_status lmk_cuda_repeat(lmk_stream *s, const void *args)
 {
+    const lmk_repeat_args *a = (const lmk_repeat_args *)args;
+    const bool dense_tiled = a->layout == LMK_REPEAT_TILED && a->src_head == a->k && a->dst_head == a->k &&
+                             a->src_tok == a->hg * a->k && a->dst_tok == a->h * a->k;
+    if (!dense_tiled)
+        return lmk_fail(LMK_ERR_UNSUPPORTED, "repeat_heads: strided or block layouts are not yet on CUDA");
     const lmk_cuda_device *d = lmk_cuda_dev(s->dev);
     lmk_status st = lmk_cuda_use(d->ordinal, "repeat_tiled: cudaSetDevice");
     if (st != LMK_OK)

@@ -36,7 +36,8 @@
  * results within one ulp.
  */
 #include "cuda/cuda_internal.h"
-#include "ops/rope_common.h"
+#include "ops/rope/rope.h"
+#include "ops/rope/rope_common.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -580,8 +581,22 @@ uint64_t ceil_div(uint64_t a, uint64_t b)
 
 } /* namespace */
 
-lmk_status lmk_cuda_rope_multi(lmk_stream *s, const lmk_rope_args *a)
+lmk_status lmk_cuda_rope(lmk_stream *s, const void *args)
 {
+    const lmk_rope_args *a = (const lmk_rope_args *)args;
+    {
+        const lmk_rope_angle *g = &a->angle;
+        bool ok = (g->mode == LMK_ROPE_MROPE || g->mode == LMK_ROPE_IMROPE) && !a->interleaved &&
+                  g->freq_scale == 1.0 && g->ext_factor == 0.0 && g->mscale == 1.0 && !g->freq_factors &&
+                  g->pos_dtype != LMK_I64;
+        for (int i = 0; i < a->n_tensors; i++) {
+            const lmk_rope_tensor *t = &a->t[i];
+            ok = ok && t->in_head == a->head_dim && t->out_head == a->head_dim &&
+                 t->in_tok == (size_t)t->n_heads * a->head_dim && t->out_tok == t->in_tok;
+        }
+        if (!ok)
+            return lmk_fail(LMK_ERR_UNSUPPORTED, "rope: this mode, scaling or layout is not yet on CUDA");
+    }
     const lmk_cuda_device *d = lmk_cuda_dev(s->dev);
     lmk_status st = lmk_cuda_use(d->ordinal, "rope_multi: cudaSetDevice");
     if (st != LMK_OK)
@@ -589,7 +604,7 @@ lmk_status lmk_cuda_rope_multi(lmk_stream *s, const lmk_rope_args *a)
 
     const uint32_t es = a->dtype == LMK_F32 ? 4 : 2;
     const uint32_t D = a->head_dim, half = a->rope_dim / 2;
-    const uint32_t stride = lmk_rope_pair_stride((int)a->pairing, D, a->rope_dim);
+    const uint32_t stride = a->pair_stride;
     const bool two = a->n_tensors == 2;
 
     /* Widest unit (16 bytes down to one element) that divides the rotated half, the pair stride
@@ -610,7 +625,7 @@ lmk_status lmk_cuda_rope_multi(lmk_stream *s, const lmk_rope_args *a)
     p.out0 = (unsigned char *)a->t[0].out;
     p.in1 = two ? (const unsigned char *)a->t[1].in : p.in0;
     p.out1 = two ? (unsigned char *)a->t[1].out : p.out0;
-    p.pos = a->positions;
+    p.pos = (const int32_t *)a->angle.positions;
     p.seq = a->seq_len;
     p.nh0 = a->t[0].n_heads;
     p.nh1 = two ? a->t[1].n_heads : 0;
@@ -619,7 +634,7 @@ lmk_status lmk_cuda_rope_multi(lmk_stream *s, const lmk_rope_args *a)
     p.half = half;
     p.copy0 = a->t[0].in != a->t[0].out;
     p.copy1 = two && a->t[1].in != a->t[1].out;
-    if (a->pairing == LMK_ROPE_PAIR_HALF_HEAD) { /* untouched: [R/2, D/2) and [D/2 + R/2, D) */
+    if (stride != half) { /* untouched: [R/2, D/2) and [D/2 + R/2, D) */
         p.c1 = half, p.nc1 = (D / 2 - half) / ve;
         p.c2 = D / 2 + half;
     } else { /* untouched: [R, D) */
@@ -629,16 +644,17 @@ lmk_status lmk_cuda_rope_multi(lmk_stream *s, const lmk_rope_args *a)
     p.nc = (p.copy0 || p.copy1) ? (D - a->rope_dim) / ve : 0;
     /* rope_axis's bounds (the sums of lmk_rope_axis, in 64 bits, capped at 2^32 - 1). */
     {
-        const uint64_t s0 = a->sections[0], s1 = a->sections[1], s2 = a->sections[2], s3 = a->sections[3];
+        const uint32_t *sec = a->angle.sections;
+        const uint64_t s0 = sec[0], s1 = sec[1], s2 = sec[2], s3 = sec[3];
         const uint64_t sect = s0 + s1 + s2 + s3, cap = 0xffffffffu;
-        const bool im = a->mode == LMK_ROPE_IMROPE;
+        const bool im = a->angle.mode == LMK_ROPE_IMROPE;
         const uint64_t lim[3] = {im ? 3 * s0 : s0, im ? 3 * s1 : s0 + s1, im ? 3 * s2 : s0 + s1 + s2};
         p.sect = sect == 0 ? 1 : (uint32_t)(sect < cap ? sect : cap);
         for (int i = 0; i < 3; i++)
             p.lim[i] = (uint32_t)(lim[i] < cap ? lim[i] : cap);
     }
-    p.mode = (int)a->mode;
-    p.log2_step = -2.0 * log2((double)a->freq_base) / (double)a->rope_dim;
+    p.mode = (int)a->angle.mode;
+    p.log2_step = -2.0 * log2(a->angle.freq_base) / (double)a->rope_dim;
 
     /* Rows of q and k. Validation bounds every tensor by memory, so heads fit comfortably in 32
      * bits; the sum is checked anyway because it indexes in 32 bits. */

@@ -22,7 +22,8 @@
  * processed chunk by chunk, so no size ever reaches a VLA or the heap.
  */
 #include "cpu/cpu.h"
-#include "ops/rope_common.h"
+#include "ops/rope/rope.h"
+#include "ops/rope/rope_common.h"
 
 #include <math.h>
 
@@ -167,7 +168,8 @@ static void fill_freqs(const rope_job *j, rope_table *tb, size_t p0, size_t n)
     for (size_t i = 0; i < n; i++) {
         const size_t p = p0 + i;
         tb->inv_freq[i] = pow(j->base, -2.0 * (double)p / j->rope_dim);
-        tb->axis[i] = (unsigned char)lmk_rope_axis(j->mode, j->sections, (uint32_t)p);
+        uint32_t jx;
+        tb->axis[i] = (unsigned char)lmk_rope_axis_j(j->mode, j->sections, (uint32_t)p, &jx);
         if (tb->inv_freq[i] > tb->max_inv_freq)
             tb->max_inv_freq = tb->inv_freq[i];
     }
@@ -512,23 +514,42 @@ static void rope_task(void *ctx, int tid, int n_threads)
         lmk_cpu_stream_fence();
 }
 
-lmk_status lmk_cpu_rope_multi(lmk_stream *s, const lmk_rope_args *a)
+/* Whether this path handles the call: the 0.1 function (MROPE/IMROPE, no scaling, 32-bit
+ * positions) on dense tensors. */
+static bool legacy_call(const lmk_rope_args *a)
 {
+    const lmk_rope_angle *g = &a->angle;
+    bool ok = (g->mode == LMK_ROPE_MROPE || g->mode == LMK_ROPE_IMROPE) && !a->interleaved &&
+              g->freq_scale == 1.0 && g->ext_factor == 0.0 && g->mscale == 1.0 && !g->freq_factors &&
+              g->pos_dtype != LMK_I64;
+    for (int i = 0; i < a->n_tensors; i++) {
+        const lmk_rope_tensor *t = &a->t[i];
+        ok = ok && t->in_head == a->head_dim && t->out_head == a->head_dim &&
+             t->in_tok == (size_t)t->n_heads * a->head_dim && t->out_tok == t->in_tok;
+    }
+    return ok;
+}
+
+lmk_status lmk_cpu_rope(lmk_stream *s, const void *args)
+{
+    const lmk_rope_args *a = args;
+    if (!legacy_call(a))
+        return lmk_fail(LMK_ERR_UNSUPPORTED, "rope: this mode, scaling or layout is not yet on the CPU");
     rope_job j = {
         .isa = lmk_cpu_stream_isa(s),
         .dtype = a->dtype,
         .es = lmk_dtype_size(a->dtype),
         .head_dim = a->head_dim,
         .half = a->rope_dim / 2,
-        .stride = lmk_rope_pair_stride(a->pairing, a->head_dim, a->rope_dim),
+        .stride = a->pair_stride,
         .seq = a->seq_len,
-        .base = (double)a->freq_base,
+        .base = a->angle.freq_base,
         .rope_dim = (double)a->rope_dim,
-        .mode = a->mode,
-        .positions = a->positions,
+        .mode = a->angle.mode,
+        .positions = a->angle.positions,
         .n_tensors = a->n_tensors,
     };
-    memcpy(j.sections, a->sections, sizeof j.sections);
+    memcpy(j.sections, a->angle.sections, sizeof j.sections);
     size_t bytes = 0;
     for (int ti = 0; ti < a->n_tensors; ti++) {
         j.in[ti] = a->t[ti].in;

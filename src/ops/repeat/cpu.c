@@ -1,7 +1,10 @@
 /*
- * repeat_tiled.c - the CPU fast path of repeat_tiled (tiled GQA head broadcast).
+ * cpu.c - the CPU fast path of repeat_heads (GQA head broadcast, tiled or block, strided).
  *
- * dst[t, i, :] = src[t, i % hg, :] means the destination token t is its source token (hg*k
+ * Dense tiled operands (the 0.1 op) take the block path below; every other layout copies one
+ * head row (k elements) at a time through the strides, threads splitting the (token, head) rows.
+ *
+ * Dense tiled: dst[t, i, :] = src[t, i % hg, :] means the destination token t is its source token (hg*k
  * elements, `block` bytes) written h/hg times back to back. So the whole op is one sequential
  * write of the destination, in which each source token is read once from memory and re-read
  * from L1 for its other copies: the op moves src + dst bytes, the least possible. Bytes are
@@ -12,6 +15,7 @@
  * streaming stores when every block starts 16-byte aligned; otherwise memcpy.
  */
 #include "cpu/cpu.h"
+#include "ops/repeat/repeat.h"
 
 typedef struct repeat_job {
     const unsigned char *src;
@@ -49,8 +53,38 @@ static void repeat_task(void *ctx, int tid, int n_threads)
         lmk_cpu_stream_fence();
 }
 
-lmk_status lmk_cpu_repeat_tiled(lmk_stream *s, const lmk_repeat_args *a)
+/* Any layout: row r = (token, head) of dst is one memcpy of k elements from its source row. */
+static void rows_task(void *ctx, int tid, int n_threads)
 {
+    const lmk_repeat_args *a = ctx;
+    size_t lo, hi;
+    lmk_cpu_share(a->seq * a->h, tid, n_threads, 1, &lo, &hi);
+    const size_t es = a->elem_size, row = a->k * es, per = a->h / a->hg;
+    const unsigned char *src = a->src;
+    unsigned char *dst = a->dst;
+    for (size_t r = lo; r < hi; r++) {
+        const size_t t = r / a->h, i = r % a->h;
+        const size_t g = a->layout == LMK_REPEAT_BLOCK ? i / per : i % a->hg;
+        memcpy(dst + (t * a->dst_tok + i * a->dst_head) * es, src + (t * a->src_tok + g * a->src_head) * es, row);
+    }
+}
+
+/* Whether the operands are the dense tiled layout of the 0.1 op (or the same bytes: with hg == h
+ * the two layouts agree, and with one head of each nothing depends on the layout). */
+static bool dense_tiled(const lmk_repeat_args *a)
+{
+    const bool tiled = a->layout == LMK_REPEAT_TILED || a->hg == a->h || a->hg == 1;
+    const bool heads = (a->hg == 1 || a->src_head == a->k) && (a->h == 1 || a->dst_head == a->k);
+    return tiled && heads && (a->seq == 1 || (a->src_tok == a->hg * a->k && a->dst_tok == a->h * a->k));
+}
+
+lmk_status lmk_cpu_repeat(lmk_stream *s, const void *args)
+{
+    const lmk_repeat_args *a = args;
+    if (!dense_tiled(a)) {
+        lmk_cpu_parallel(s, a->seq * (a->h + a->hg) * a->k * a->elem_size, rows_task, (void *)a);
+        return LMK_OK;
+    }
     /* Validation guarantees every size > 0, h % hg == 0 and no overflow of seq*h*k*elem_size. */
     repeat_job j = {
         .src = a->src,
