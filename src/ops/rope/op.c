@@ -337,3 +337,24 @@ lmk_status lmk_rope_multi_qk(lmk_stream *s, const lmk_buffer *q_in, lmk_buffer *
     const lmk_rope_params rp = from_multi(p, n_k_heads);
     return multi_call(s, "rope_multi_qk", names, q_in, q_out, k_in, k_out, positions, &rp);
 }
+
+/* ---- rules shared with fused ops (rope.h) ---- */
+
+lmk_status lmk_rope_check_params(const char *op, const lmk_rope_params *p, bool has_k)
+{
+    lmk_status st = check_dims(op, p, has_k);
+    if (st == LMK_OK)
+        st = check_mode(op, p, false);
+    if (st == LMK_OK)
+        st = check_scaling(op, p);
+    return st;
+}
+
+lmk_status lmk_rope_check_inputs(const char *op, const lmk_rope_params *p, const lmk_buffer *positions,
+                                 const lmk_buffer *freq_factors)
+{
+    lmk_status st = check_positions(op, p, positions, false);
+    if (st == LMK_OK)
+        st = check_freq_factors(op, p, freq_factors);
+    return st;
+}

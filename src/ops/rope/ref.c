@@ -85,21 +85,28 @@ static double angle(const lmk_rope_angle *g, uint32_t p, size_t token, double *m
     return theta_i * (1.0 - ramp) + theta_e * ramp;
 }
 
-static void rotate_row(const lmk_rope_args *a, const lmk_rope_tensor *t, size_t token, size_t head, double *row)
+void lmk_ref_rope_row(const lmk_rope_args *a, size_t token, const double *x, double *row)
 {
-    const size_t d = a->head_dim;
-    for (size_t i = 0; i < d; i++)
-        row[i] = in_elem(a->dtype, t, token, head, i);
+    if (row != x)
+        for (size_t i = 0; i < a->head_dim; i++)
+            row[i] = x[i];
     for (uint32_t p = 0; p < a->rope_dim / 2; p++) {
         const size_t ia = a->interleaved ? 2 * (size_t)p : p;
         const size_t ib = a->interleaved ? ia + 1 : p + (size_t)a->pair_stride;
         double m;
         const double theta = angle(&a->angle, p, token, &m);
-        const double c = cos(theta), s = sin(theta);
-        const double x = in_elem(a->dtype, t, token, head, ia), y = in_elem(a->dtype, t, token, head, ib);
-        row[ia] = (x * c - y * s) * m;
-        row[ib] = (x * s + y * c) * m;
+        const double c = cos(theta), s = sin(theta), xa = x[ia], xb = x[ib];
+        row[ia] = (xa * c - xb * s) * m;
+        row[ib] = (xa * s + xb * c) * m;
     }
+}
+
+static void rotate_row(const lmk_rope_args *a, const lmk_rope_tensor *t, size_t token, size_t head, double *row)
+{
+    /* The row's inputs, widened, are staged in the output row's storage, then rotated in place. */
+    for (size_t i = 0; i < a->head_dim; i++)
+        row[i] = in_elem(a->dtype, t, token, head, i);
+    lmk_ref_rope_row(a, token, row, row);
 }
 
 void lmk_ref_rope_f64_tokens(const lmk_rope_args *a, size_t t0, size_t t1, double *const out64[2])

@@ -64,10 +64,19 @@ typedef struct lmk_rope_args {
 lmk_rope_args lmk_rope_args_for(const lmk_rope_params *p, lmk_dtype dtype, const lmk_tensor3 t[4], bool has_k,
                                 const void *positions, lmk_dtype pos_dtype, const float *freq_factors);
 
+/* lmk_rope's rules R2-R9 (dimensions, freq_base, mode, pairing, scaling) and R11-R12 (positions,
+ * freq_factors), for fused ops that rotate as lmk_rope does. */
+lmk_status lmk_rope_check_params(const char *op, const lmk_rope_params *p, bool has_k);
+lmk_status lmk_rope_check_inputs(const char *op, const lmk_rope_params *p, const lmk_buffer *positions,
+                                 const lmk_buffer *freq_factors);
+
 /* The exact float64 results of every element of each tensor, in dense row-major order of [T, heads,
  * head_dim] (out64[i] holds tensor i's seq_len*n_heads*head_dim values; copied elements are the
  * widened inputs). Reads inputs through their strides; writes no output. Host memory. */
 void lmk_ref_rope_f64(const lmk_rope_args *a, double *const out64[2]);
+/* One row of token `token` rotated in float64: row = rope(x) over head_dim values (row may be x).
+ * Elements outside the rotated pairs are copied. Used by references of fused ops. */
+void lmk_ref_rope_row(const lmk_rope_args *a, size_t token, const double *x, double *row);
 /* The same for tokens [t0, t1) only: out64[i] holds (t1-t0)*n_heads*head_dim values. */
 void lmk_ref_rope_f64_tokens(const lmk_rope_args *a, size_t t0, size_t t1, double *const out64[2]);
 
