@@ -3,6 +3,8 @@
 #   make            build build/liblmk.so, build/liblmk.a and build/lmk
 #   make run        build, then the main job: a quick `lmk check` and `lmk bench` on the default device
 #   make test       build, then run the whole test suite (ends with "N passed, N failed, N skipped")
+#   make install    build, then install into PREFIX (default /usr/local): include/, lib/ (liblmk.a,
+#                   liblmk.so, pkgconfig/lmk.pc, cmake/lmk/), bin/lmk; e.g. make install PREFIX=$HOME/.local
 #   make CUDA=0     build without the CUDA backend (default: with it when nvcc is found)
 #   make CC=clang   build with another C compiler (use a fresh BUILD directory per compiler)
 #
@@ -13,8 +15,9 @@ CUDA   ?= AUTO
 TYPE   ?= Release
 JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
+PREFIX ?= /usr/local
 
-.PHONY: all configure run test clean
+.PHONY: all configure run test install clean
 .DEFAULT_GOAL := all
 
 configure:
@@ -31,6 +34,9 @@ run: all
 
 test: all
 	@sh tests/run_tests.sh $(BUILD)/tests
+
+install: all
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
 	rm -rf $(BUILD) $(BUILD).configure.log
