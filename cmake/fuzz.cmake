@@ -11,7 +11,8 @@ if(LMK_FUZZ)
   else()
     set(LMK_FUZZ_FLAGS -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g)
     file(GLOB LMK_FUZZ_LIB_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/src/core/*.c
-         ${CMAKE_CURRENT_SOURCE_DIR}/src/ops/*.c ${CMAKE_CURRENT_SOURCE_DIR}/src/cpu/*.c)
+         ${CMAKE_CURRENT_SOURCE_DIR}/src/ops/*/*.c ${CMAKE_CURRENT_SOURCE_DIR}/src/cpu/*.c)
+    list(FILTER LMK_FUZZ_LIB_SOURCES EXCLUDE REGEX ".*/case\\.c$")
     add_library(lmk_fuzz_lib STATIC ${LMK_FUZZ_LIB_SOURCES})
     target_include_directories(lmk_fuzz_lib PUBLIC include src)
     target_compile_definitions(lmk_fuzz_lib PRIVATE
