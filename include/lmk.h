@@ -468,6 +468,71 @@ typedef struct lmk_repeat_heads_params {
 LMK_API lmk_status lmk_repeat_heads(lmk_stream *s, const lmk_buffer *src, lmk_buffer *dst,
                                     const lmk_repeat_heads_params *p);
 
+/* ------------------------------------------------------------------------------------------------
+ * attn_prologue: per-head RMSNorm + rope of q and k, and the KV-cache write, in one pass
+ *
+ *     for each token i, head h of q:   q_out[i,h]  = rope(norm_q(q_in[i,h]))
+ *     for each token i, head h of k:   kk          = rope(norm_k(k_in[i,h]))
+ *                                      k_out[i,h]  = kk                     (when k_out is given)
+ *                                      k_cache[slots[i], h] = kk            (when k_cache is given)
+ *     v (when v_cache is given):       v_cache[slots[i], h] = v_in[i,h]
+ *     norm(x) = x / sqrt(mean(x^2) + eps) * (w + weight_offset)   (mean over the head's D elements)
+ *
+ * What every full-attention layer of Qwen3 / Qwen3.5 / Llama-style models does between its
+ * projections and attention. rope is lmk_rope with every mode and scaling (params->n_k_heads is k's
+ * heads); q and k share positions and parameters. The norm covers the whole head: with a norm,
+ * elements outside the rotated pairs are the normed values (raw bit copies only without a norm). A
+ * NULL weight means no norm on that tensor. weight_offset is 0 for Qwen3, Llama and GGUF files
+ * (llama.cpp adds the 1 to the stored weights) and 1 for Qwen3.5/3.6 and Qwen3-Next Hugging Face
+ * weights (x * (1 + w)). Weights are f32, bf16 or f16 with exactly head_dim elements.
+ *
+ * Operands ("Operands" above): q_in, k_in, v_in may be strided views (q inside a [q | gate]
+ * projection, q/k/v inside a packed QKV); q_out may equal q_in and k_out k_in (in place). Caches are
+ * [n_slots, n_k_heads, D] and [n_slots, n_k_heads, Dv] (a vLLM / FlashInfer NHD paged cache seen as
+ * rows: row = block * block_size + offset), dense or strided; n_slots and Dv come from the
+ * operands' shapes (for dense buffers: element count / (n_k_heads * D), and v_in's count / (T *
+ * n_k_heads)). slots (i32 or i64, T entries) give each token's cache row; a negative slot or one
+ * >= n_slots writes nothing for that token (padding). Cache dtype is the input dtype, or
+ * LMK_F8E4M3 with a per-tensor scale: stored = lmk_f32_to_f8e4m3(x / scale), quantised from the f32
+ * result (never from a bf16-rounded one); k_scale / v_scale 0 mean 1 and are ignored for other
+ * cache dtypes.
+ *
+ * Precision: computed in f32 or better with no rounding between norm and rope; results are within
+ * the rope contract of the float64 chain (f32: 1e-5 * max(1, |ref|); bf16/f16: one ulp plus 1e-6;
+ * f8: one f8 ulp). Hugging Face rounds the normed value to bf16 before its rope, so its bf16 output
+ * may differ from lmk's by a few ulps.
+ *
+ * Errors (INVALID_ARGUMENT, in this order): NULL stream, io, params, q_in, k_in, positions or
+ * q_out; lmk_rope's rules R2-R12 for q and k (k_out optional); eps not finite or <= 0;
+ * weight_offset not finite; neither k_out nor k_cache; a cache without slots; v_in without v_cache
+ * or v_cache without v_in; a weight not dense f32/bf16/f16 of exactly head_dim; slots not dense
+ * i32/i64 of exactly T; k_scale or v_scale not finite or negative; a cache dtype other than the
+ * input dtype or f8e4m3; a cache or v_in of the wrong shape; a buffer on another device; overlaps
+ * (every output against every other operand). DEVICE: launch failure (CUDA).
+ * ---------------------------------------------------------------------------------------------- */
+
+typedef struct lmk_rms_norm_params {
+    float eps;           /* > 0 */
+    float weight_offset; /* 0: x*w (Qwen3, Llama, GGUF); 1: x*(1+w) (Qwen3.5/3.6, Qwen3-Next HF weights) */
+} lmk_rms_norm_params;
+
+typedef struct lmk_attn_prologue_io {
+    const lmk_buffer *q_in, *k_in;         /* [T, n_heads, D], [T, n_k_heads, D]; strided views allowed */
+    const lmk_buffer *v_in;                /* [T, n_k_heads, Dv] or NULL; needs v_cache */
+    const lmk_buffer *q_norm_w, *k_norm_w; /* [D] f32/bf16/f16, or NULL: no norm on that tensor */
+    const lmk_buffer *positions;           /* as lmk_rope */
+    const lmk_buffer *freq_factors;        /* or NULL */
+    const lmk_buffer *slots;               /* [T] i32/i64 cache rows, or NULL (then no caches) */
+    lmk_buffer *q_out;                     /* [T, n_heads, D]; may equal q_in */
+    lmk_buffer *k_out;                     /* [T, n_k_heads, D] or NULL; may equal k_in */
+    lmk_buffer *k_cache, *v_cache;         /* [n_slots, n_k_heads, D] / [n_slots, n_k_heads, Dv] or NULL */
+    float k_scale, v_scale;                /* f8 caches: stored = x / scale; 0 = 1 */
+} lmk_attn_prologue_io;
+
+/* At least one of k_out and k_cache is given. */
+LMK_API lmk_status lmk_attn_prologue(lmk_stream *s, const lmk_attn_prologue_io *io, const lmk_rope_params *rope,
+                                     const lmk_rms_norm_params *norm);
+
 #ifdef __cplusplus
 }
 #endif

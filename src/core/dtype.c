@@ -7,6 +7,7 @@
  * rounding arithmetic on a NaN with a small payload would carry into the exponent and give inf.
  */
 #include "core/internal.h"
+#include "core/f8.h"
 
 #include <math.h>
 #include <string.h>
@@ -118,34 +119,9 @@ float lmk_f8e4m3_to_f32(uint8_t v)
     return sign * ldexpf((float)(8 + m), e - 10);
 }
 
-/* Integer rounding on the f32 bits (never through the caller's rounding mode). Normal E4M3 values
- * keep 3 of the 23 mantissa bits: add half an f8 ulp minus one, plus the kept lsb (ties to even),
- * and let a carry run into the exponent. Below 2^-6 the f8 spacing is 2^-9: round |x| * 2^9 to an
- * integer from the full significand. Everything that rounds past 448 saturates. */
 uint8_t lmk_f32_to_f8e4m3(float f)
 {
-    const uint32_t bits = f32_bits(f), u = bits & 0x7fffffffu;
-    const uint8_t sign = (uint8_t)((bits >> 24) & 0x80u);
-    if (u > 0x7f800000u)
-        return (uint8_t)(sign | 0x7fu);
-    if (u >= 0x43e80000u) /* >= 464: rounds past 448 (infinity included) */
-        return (uint8_t)(sign | 0x7eu);
-    const uint32_t e = u >> 23;
-    if (e >= 121) { /* |x| >= 2^-6: normal in E4M3 */
-        const uint32_t r = u + 0x7ffffu + ((u >> 20) & 1u);
-        const uint32_t code = (((r >> 23) - 120u) << 3) | ((r >> 20) & 7u);
-        return (uint8_t)(sign | (code > 0x7eu ? 0x7eu : code));
-    }
-    if (e == 0) /* f32 subnormals are far below half the smallest E4M3 step */
-        return sign;
-    const uint32_t m = (u & 0x7fffffu) | 0x800000u, shift = 141u - e; /* |x| * 2^9 = m * 2^-shift */
-    if (shift > 25)
-        return sign;
-    uint32_t q = m >> shift;
-    const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
-    if (rem > half || (rem == half && (q & 1u)))
-        q++;
-    return (uint8_t)(sign | q);
+    return lmk_f8e4m3_from_f32_bits(f32_bits(f));
 }
 
 double lmk_float_load(lmk_dtype t, const void *base, size_t i)

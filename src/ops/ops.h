@@ -12,7 +12,8 @@
 
 #define LMK_OPS(X) \
     X(repeat)      \
-    X(rope)
+    X(rope)        \
+    X(attn_prologue)
 
 typedef enum lmk_op_id {
 #define LMK_OP_ENUM(name) LMK_OP_##name,
