@@ -226,6 +226,15 @@ LMK_API int    lmk_buffer_is_contiguous(const lmk_buffer *buf);
  * later call or at lmk_stream_sync. Such a fault (e.g. an op on a buffer wrapping freed device
  * memory) is sticky: the device stays unusable in this process, every later call on it returns
  * LMK_ERR_DEVICE, and only freeing/closing its handles still works (lmk_cuda.h has the detail).
+ *
+ * fork(): CPU handles made before a fork() keep working in the child (Python's multiprocessing
+ * does this). A stream's worker threads do not exist there; the child's first op on the stream
+ * that is large enough to use them starts new ones (or, if it cannot, that stream runs its ops on
+ * the calling thread alone: same results, slower), and lmk_stream_destroy frees the stream
+ * without waiting for the parent's threads. The child is recognised through pthread_atfork, so
+ * this holds for fork() and what calls it, not for a raw clone system call. A handle that another
+ * thread was creating, destroying or running an op on at the moment of the fork must not be used
+ * in the child. CUDA handles cannot be used in a fork child (a CUDA restriction).
  * ---------------------------------------------------------------------------------------------- */
 
 LMK_API lmk_status lmk_stream_create(lmk_device *dev, lmk_stream **out);

@@ -9,6 +9,13 @@
  * on either side, spins briefly and then sleeps on a condition variable. Each stream has its own
  * pool, so streams used by different threads never contend; a single stream is used by one
  * thread at a time (the API's rule).
+ *
+ * fork(): the child has the pool's memory but none of its workers, and the pool's mutex and
+ * condition variables may be copies taken in any state. Each pool records the process it belongs
+ * to; a pthread_atfork child handler refreshes the process id, so the check on the op path is a
+ * load, not a system call. In a child, the first op large enough to need the workers re-creates
+ * them with fresh synchronisation objects (or, if that fails, runs every later op on the calling
+ * thread alone), and destroying an inherited pool joins nothing and destroys nothing it copied.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* pthread_sigmask when compiled outside the build's -D_GNU_SOURCE */
@@ -20,6 +27,8 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/types.h>
+#include <unistd.h>
 #if LMK_CPU_X86
 #include <cpuid.h>
 #endif
@@ -40,6 +49,11 @@ struct cpu_pool {
     lmk_cpu_isa isa;
     int n_threads;         /* caller + workers */
     int n_started;         /* workers actually running (rollback joins only these) */
+    pid_t pid;             /* the process the workers and synchronisation objects belong to */
+    int sync_ok;           /* mu, wake and done are initialised (0 only in a fork child that
+                              could not re-create them) */
+    int solo;              /* a fork child that could not re-create the workers: every job runs
+                              on the calling thread alone */
     pthread_mutex_t mu;
     pthread_cond_t wake;   /* a job was published, or quit */
     pthread_cond_t done;   /* the last worker of a job finished */
@@ -137,6 +151,29 @@ static lmk_status cpu_mem_copy(lmk_device *dev, void *dst, const void *src, size
     return LMK_OK;
 }
 
+/* ---- fork: the process a pool belongs to ---- */
+
+static pthread_once_t g_pid_once = PTHREAD_ONCE_INIT;
+static _Atomic pid_t g_pid;   /* this process; refreshed in a fork child by the atfork handler */
+static int g_pid_tracked;     /* the handler is registered (else every check asks getpid) */
+
+static void pid_after_fork(void)
+{
+    atomic_store_explicit(&g_pid, getpid(), memory_order_relaxed);
+}
+
+static void pid_init(void)
+{
+    atomic_store_explicit(&g_pid, getpid(), memory_order_relaxed);
+    g_pid_tracked = pthread_atfork(NULL, NULL, pid_after_fork) == 0;
+}
+
+/* The calling process's id without a system call (once the handler is registered). */
+static inline pid_t current_pid(void)
+{
+    return g_pid_tracked ? atomic_load_explicit(&g_pid, memory_order_relaxed) : getpid();
+}
+
 /* ---- streams: the pool ---- */
 
 /* Waiting first spins for about this many pause instructions (tens of microseconds) before
@@ -184,8 +221,46 @@ static void *worker_main(void *arg)
     }
 }
 
-/* Stops and joins the started workers, then frees the pool. Used by destroy and by rollback. */
-static void pool_free(cpu_pool *p)
+/* Initialises mu, wake and done; on failure initialises none and returns which one failed
+ * ("mutex" or "condition variable"). */
+static const char *pool_sync_init(cpu_pool *p)
+{
+    if (pthread_mutex_init(&p->mu, NULL) != 0)
+        return "mutex";
+    if (pthread_cond_init(&p->wake, NULL) != 0) {
+        pthread_mutex_destroy(&p->mu);
+        return "condition variable";
+    }
+    if (pthread_cond_init(&p->done, NULL) != 0) {
+        pthread_cond_destroy(&p->wake);
+        pthread_mutex_destroy(&p->mu);
+        return "condition variable";
+    }
+    p->sync_ok = 1;
+    return NULL;
+}
+
+/* Starts workers 1 .. n_threads-1 (gen must be 0: a new worker has seen no job); returns 0 or
+ * the pthread_create error, with n_started counting the workers that did start. */
+static int pool_start_workers(cpu_pool *p)
+{
+    /* Workers block every signal, so the application's handlers run on its own threads. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int err = 0;
+    for (int i = 0; i < p->n_threads - 1 && !err; i++) {
+        p->workers[i] = (cpu_worker){.pool = p, .tid = i + 1};
+        err = pthread_create(&p->workers[i].thread, NULL, worker_main, &p->workers[i]);
+        if (!err)
+            p->n_started++;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return err;
+}
+
+/* Stops and joins the started workers. */
+static void pool_stop_workers(cpu_pool *p)
 {
     pthread_mutex_lock(&p->mu);
     p->quit = 1;
@@ -193,15 +268,63 @@ static void pool_free(cpu_pool *p)
     pthread_mutex_unlock(&p->mu);
     for (int i = 0; i < p->n_started; i++)
         pthread_join(p->workers[i].thread, NULL);
-    pthread_cond_destroy(&p->done);
-    pthread_cond_destroy(&p->wake);
-    pthread_mutex_destroy(&p->mu);
+    p->n_started = 0;
+}
+
+/* Whether the pool was made by another process: this is a fork child, and the workers the pool
+ * names do not exist here. `sure` also asks the kernel (for a child made without the atfork
+ * handlers, e.g. a raw clone); the op path uses the cached id alone. */
+static inline int pool_inherited(const cpu_pool *p, int sure)
+{
+    return p->pid != current_pid() || (sure && p->pid != getpid());
+}
+
+/* In a fork child: makes the inherited pool this process's own. Its copied mutex and condition
+ * variables may be in any state (held by a thread that does not exist here, with waiters that do
+ * not exist either), so they are re-initialised over, never destroyed; the old workers' stacks
+ * are unreachable and stay allocated. If anything fails, the pool runs jobs on the caller alone. */
+static void pool_adopt(cpu_pool *p)
+{
+    p->pid = current_pid();
+    p->n_started = 0;
+    p->quit = 0;
+    p->solo = 0;
+    p->sync_ok = 0;
+    atomic_store_explicit(&p->gen, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->busy, 0, memory_order_relaxed);
+    memset(&p->mu, 0, sizeof p->mu);
+    memset(&p->wake, 0, sizeof p->wake);
+    memset(&p->done, 0, sizeof p->done);
+    if (pool_sync_init(p) != NULL) {
+        p->solo = 1;
+        return;
+    }
+    if (pool_start_workers(p) != 0) {
+        pool_stop_workers(p);
+        p->quit = 0;
+        p->solo = 1;
+    }
+}
+
+/* Stops and joins the started workers, then frees the pool. Used by destroy and by rollback. A
+ * pool inherited through fork has no workers in this process and copies of synchronisation
+ * objects that may be in any state (destroying them could wait forever): only its memory is
+ * freed. */
+static void pool_free(cpu_pool *p)
+{
+    if (!pool_inherited(p, 1) && p->sync_ok) {
+        pool_stop_workers(p);
+        pthread_cond_destroy(&p->done);
+        pthread_cond_destroy(&p->wake);
+        pthread_mutex_destroy(&p->mu);
+    }
     lmk_host_free(p);
 }
 
 static lmk_status cpu_stream_create(lmk_stream *s)
 {
     static const char fn[] = "lmk_stream_create";
+    pthread_once(&g_pid_once, pid_init);
     const cpu_device *cd = s->dev->impl;
     const int want = __atomic_load_n(&s->dev->n_threads, __ATOMIC_RELAXED);
     const int n = want >= 1 ? want : 1;
@@ -210,33 +333,13 @@ static lmk_status cpu_stream_create(lmk_stream *s)
         return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "%s: out of host memory for a pool of %d threads", fn, n);
     p->isa = cd->isa;
     p->n_threads = n;
-    if (pthread_mutex_init(&p->mu, NULL) != 0) {
+    p->pid = current_pid();
+    const char *failed = pool_sync_init(p);
+    if (failed) {
         lmk_host_free(p);
-        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "%s: cannot create the pool's mutex", fn);
+        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "%s: cannot create the pool's %s", fn, failed);
     }
-    if (pthread_cond_init(&p->wake, NULL) != 0) {
-        pthread_mutex_destroy(&p->mu);
-        lmk_host_free(p);
-        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "%s: cannot create the pool's condition variable", fn);
-    }
-    if (pthread_cond_init(&p->done, NULL) != 0) {
-        pthread_cond_destroy(&p->wake);
-        pthread_mutex_destroy(&p->mu);
-        lmk_host_free(p);
-        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "%s: cannot create the pool's condition variable", fn);
-    }
-    /* Workers block every signal, so the application's handlers run on its own threads. */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int err = 0;
-    for (int i = 0; i < n - 1 && !err; i++) {
-        p->workers[i] = (cpu_worker){.pool = p, .tid = i + 1};
-        err = pthread_create(&p->workers[i].thread, NULL, worker_main, &p->workers[i]);
-        if (!err)
-            p->n_started++;
-    }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    const int err = pool_start_workers(p);
     if (err) {
         const int started = p->n_started;
         pool_free(p);
@@ -259,14 +362,10 @@ static void cpu_stream_destroy(lmk_stream *s)
     s->impl = NULL;
 }
 
-void lmk_cpu_parallel(lmk_stream *s, size_t bytes, lmk_cpu_task task, void *ctx)
+/* Runs one job on the pool: share 0 here, the others on the workers. */
+static void pool_run(cpu_pool *p, lmk_cpu_task task, void *ctx)
 {
-    cpu_pool *p = s->impl;
     const int n = p->n_threads;
-    if (n == 1 || bytes < LMK_CPU_PARALLEL_MIN_BYTES) {
-        task(ctx, 0, 1);
-        return;
-    }
     /* Only this thread writes the job fields, and no worker reads them until gen moves (the
      * previous job ended with busy == 0, so every worker is done with it). */
     p->task = task;
@@ -286,6 +385,21 @@ void lmk_cpu_parallel(lmk_stream *s, size_t bytes, lmk_cpu_task task, void *ctx)
         while (atomic_load_explicit(&p->busy, memory_order_acquire))
             pthread_cond_wait(&p->done, &p->mu);
         pthread_mutex_unlock(&p->mu);
+    }
+}
+
+void lmk_cpu_parallel(lmk_stream *s, size_t bytes, lmk_cpu_task task, void *ctx)
+{
+    cpu_pool *p = s->impl;
+    if (p->n_threads == 1 || bytes < LMK_CPU_PARALLEL_MIN_BYTES) {
+        task(ctx, 0, 1);
+    } else {
+        if (pool_inherited(p, 0))
+            pool_adopt(p);
+        if (p->solo)
+            task(ctx, 0, 1);
+        else
+            pool_run(p, task, ctx);
     }
 }
 

@@ -1,0 +1,226 @@
+/*
+ * test_faults.c - regression tests for faults a hostile review found in the runtime.
+ *
+ *  - fork: a CPU stream created before fork() works in the child (its pool's workers do not exist
+ *    there): a big op gives the parent's bits, and lmk_stream_destroy returns. A hang is caught by
+ *    a 20 s timeout in the parent.
+ */
+#include "harness.h"
+#include "lmk.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+HARNESS_DEFINE;
+
+/* ---- fork ---- */
+
+/* A rope_multi case of 1 MiB per tensor (64 tokens, 32 heads, head_dim 128, f32): well above the
+ * size from which the CPU uses its pool. */
+enum { F_SEQ = 64, F_HEADS = 32, F_HD = 128, F_N = F_SEQ * F_HEADS * F_HD };
+
+typedef struct rope_case {
+    lmk_buffer *in, *out, *pos;
+    lmk_rope_multi_params p;
+} rope_case;
+
+static lmk_status rope_case_make(lmk_device *dev, rope_case *c)
+{
+    memset(c, 0, sizeof *c);
+    float *in = malloc(F_N * sizeof *in);
+    int32_t pos[4 * F_SEQ];
+    if (!in)
+        return LMK_ERR_OUT_OF_MEMORY;
+    uint32_t r = 12345;
+    for (size_t i = 0; i < F_N; i++) {
+        r = r * 1103515245u + 12345u;
+        in[i] = (float)(int32_t)r / 1073741824.0f;
+    }
+    for (int i = 0; i < 4 * F_SEQ; i++)
+        pos[i] = 17 * i + 3;
+    lmk_status st = lmk_buffer_alloc(dev, F_N * sizeof(float), LMK_F32, NULL, 0, &c->in);
+    if (st == LMK_OK)
+        st = lmk_buffer_alloc(dev, F_N * sizeof(float), LMK_F32, NULL, 0, &c->out);
+    if (st == LMK_OK)
+        st = lmk_buffer_alloc(dev, sizeof pos, LMK_I32, NULL, 0, &c->pos);
+    if (st == LMK_OK)
+        st = lmk_buffer_write(c->in, 0, in, F_N * sizeof(float));
+    if (st == LMK_OK)
+        st = lmk_buffer_write(c->pos, 0, pos, sizeof pos);
+    free(in);
+    c->p = (lmk_rope_multi_params){.head_dim = F_HD, .rope_dim = F_HD, .n_heads = F_HEADS, .seq_len = F_SEQ,
+                                   .freq_base = 10000.0f, .mode = LMK_ROPE_IMROPE, .sections = {24, 20, 20, 0}};
+    return st;
+}
+
+static void rope_case_free(rope_case *c)
+{
+    lmk_buffer_free(c->pos);
+    lmk_buffer_free(c->out);
+    lmk_buffer_free(c->in);
+}
+
+/* Runs the case on s into c->out and reads the result into host (F_N floats). */
+static lmk_status rope_case_run(lmk_stream *s, rope_case *c, float *host)
+{
+    memset(host, 0, F_N * sizeof *host);
+    lmk_status st = lmk_buffer_write(c->out, 0, host, F_N * sizeof *host);
+    if (st == LMK_OK)
+        st = lmk_rope_multi(s, c->in, c->out, c->pos, &c->p);
+    if (st == LMK_OK)
+        st = lmk_stream_sync(s);
+    if (st == LMK_OK)
+        st = lmk_buffer_read(c->out, 0, host, F_N * sizeof *host);
+    return st;
+}
+
+/* Waits for pid at most `seconds`; returns its wait status, or -1 after killing it on timeout. */
+static int wait_with_timeout(pid_t pid, double seconds)
+{
+    const struct timespec tick = {0, 10 * 1000 * 1000};
+    for (double waited = 0; waited < seconds; waited += 0.01) {
+        int ws = 0;
+        const pid_t r = waitpid(pid, &ws, WNOHANG);
+        if (r == pid)
+            return ws;
+        if (r < 0 && errno != EINTR)
+            return -2;
+        nanosleep(&tick, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
+/* Child exit codes. */
+enum { CHILD_OK = 0, CHILD_OP_FAILED = 10, CHILD_MISMATCH = 11, CHILD_NEW_STREAM_FAILED = 12 };
+
+static const char *child_what(int code)
+{
+    switch (code) {
+    case CHILD_OP_FAILED: return "the op failed in the child";
+    case CHILD_MISMATCH: return "the child's result differs from the parent's";
+    case CHILD_NEW_STREAM_FAILED: return "a stream created in the child failed";
+    default: return "unexpected exit status";
+    }
+}
+
+/* What the child does, by scenario. Returns its exit code. */
+static int child_body(int scenario, lmk_device *dev, lmk_stream *used, lmk_stream *unused, rope_case *c,
+                      const float *want)
+{
+    float *got = malloc(F_N * sizeof *got);
+    int rc = CHILD_OK;
+    if (!got)
+        return CHILD_OP_FAILED;
+    if (scenario == 0 || scenario == 2) {
+        /* the stream the parent used, then one it never used */
+        for (int k = 0; k < 2 && rc == CHILD_OK; k++) {
+            lmk_stream *s = k == 0 ? used : unused;
+            if (rope_case_run(s, c, got) != LMK_OK)
+                rc = CHILD_OP_FAILED;
+            else if (memcmp(got, want, F_N * sizeof *got) != 0)
+                rc = CHILD_MISMATCH;
+        }
+    }
+    if (scenario == 2 && rc == CHILD_OK) {
+        /* a grandchild does the same on the same (twice inherited) stream */
+        const pid_t pid = fork();
+        if (pid == 0) {
+            int grc = CHILD_OK;
+            if (rope_case_run(used, c, got) != LMK_OK)
+                grc = CHILD_OP_FAILED;
+            else if (memcmp(got, want, F_N * sizeof *got) != 0)
+                grc = CHILD_MISMATCH;
+            lmk_stream_destroy(used);
+            lmk_stream_destroy(unused);
+            _exit(grc);
+        }
+        const int ws = pid > 0 ? wait_with_timeout(pid, 15.0) : -2;
+        if (ws < 0 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+            rc = ws >= 0 && WIFEXITED(ws) ? WEXITSTATUS(ws) : CHILD_OP_FAILED;
+    }
+    if (rc == CHILD_OK) {
+        /* streams made in the child work too */
+        lmk_stream *fresh = NULL;
+        if (lmk_stream_create(dev, &fresh) != LMK_OK || rope_case_run(fresh, c, got) != LMK_OK ||
+            memcmp(got, want, F_N * sizeof *got) != 0)
+            rc = CHILD_NEW_STREAM_FAILED;
+        lmk_stream_destroy(fresh);
+    }
+    free(got);
+    /* scenario 1 only destroys: inherited streams, used or not, must be destroyable */
+    lmk_stream_destroy(used);
+    lmk_stream_destroy(unused);
+    rope_case_free(c);
+    lmk_device_close(dev);
+    return rc;
+}
+
+static void test_fork(void)
+{
+    static const char *const scenario_names[] = {
+        "child runs a 1 MiB op on inherited streams, then destroys them",
+        "child only destroys inherited streams",
+        "child and grandchild run the op on inherited streams",
+    };
+    for (int scenario = 0; scenario < 3; scenario++) {
+        lmk_device *dev = NULL;
+        lmk_stream *used = NULL, *unused = NULL;
+        rope_case c;
+        float *want = malloc(F_N * sizeof *want);
+        if (!CHECK(want && lmk_device_open(LMK_BACKEND_CPU, 0, &dev) == LMK_OK, "open: %s", lmk_last_error()))
+            return;
+        lmk_device_set_threads(dev, 4);
+        lmk_status st = lmk_stream_create(dev, &used);
+        if (st == LMK_OK)
+            st = lmk_stream_create(dev, &unused);
+        if (st == LMK_OK)
+            st = rope_case_make(dev, &c);
+        if (st == LMK_OK)
+            st = rope_case_run(used, &c, want); /* the parent's workers have run a job */
+        if (!CHECK(st == LMK_OK, "fork setup: %s", lmk_last_error()))
+            return;
+        fflush(NULL);
+        const pid_t pid = fork();
+        if (pid == 0)
+            _exit(child_body(scenario, dev, used, unused, &c, want));
+        if (!CHECK(pid > 0, "fork failed: %s", strerror(errno)))
+            return;
+        const int ws = wait_with_timeout(pid, 20.0);
+        if (ws == -1)
+            CHECK(0, "fork: %s: the child hung (killed after 20 s)", scenario_names[scenario]);
+        else if (WIFSIGNALED(ws))
+            CHECK(0, "fork: %s: the child died of signal %d", scenario_names[scenario], WTERMSIG(ws));
+        else
+            CHECK(ws >= 0 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "fork: %s: %s (exit %d)", scenario_names[scenario],
+                  child_what(ws >= 0 && WIFEXITED(ws) ? WEXITSTATUS(ws) : -1),
+                  ws >= 0 && WIFEXITED(ws) ? WEXITSTATUS(ws) : -1);
+        /* the parent's pool still works after the fork */
+        float *again = malloc(F_N * sizeof *again);
+        st = rope_case_run(used, &c, again);
+        CHECK(st == LMK_OK && memcmp(again, want, F_N * sizeof *again) == 0,
+              "fork: the parent's stream after the fork: %s", st == LMK_OK ? "result differs" : lmk_last_error());
+        free(again);
+        free(want);
+        lmk_stream_destroy(used);
+        lmk_stream_destroy(unused);
+        rope_case_free(&c);
+        lmk_device_close(dev);
+    }
+}
+
+int main(void)
+{
+    test_fork();
+    return harness_summary();
+}
