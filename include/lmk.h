@@ -112,8 +112,14 @@ LMK_API uint8_t lmk_f32_to_f8e4m3(float f);
  *
  * Every host allocation the library makes (handles, thread pools, messages never allocate) goes
  * through these functions. Install a hook to count, pool or fail allocations. Set it while no
- * other thread is inside the library and no handle is alive; NULL restores malloc/free. A failing
- * allocation makes the call that needed it return LMK_ERR_OUT_OF_MEMORY, leak nothing and leave the
+ * other thread is inside the library and no handle is alive; NULL, or a struct with alloc and free
+ * both NULL, restores malloc/free. alloc and free must both be set or both NULL: a hook with only
+ * one of them is refused, the allocator in place stays, and lmk_last_error() says
+ * "lmk_set_allocator: alloc and free must both be set or both NULL ...". alloc must return memory
+ * aligned to `alignment` (a power of two: 16 for handles, 64 for CPU buffers and thread pools); a
+ * pointer that is not is handed back to free and counts as a failure. A failing allocation makes the call
+ * that needed it return LMK_ERR_OUT_OF_MEMORY (for a misaligned pointer the message says "the
+ * allocator hook returned a pointer (...) not aligned to 64 bytes"), leak nothing and leave the
  * library usable. Device memory (CUDA) is not allocated through this hook.
  * ---------------------------------------------------------------------------------------------- */
 

@@ -4,6 +4,9 @@
  *  - fork: a CPU stream created before fork() works in the child (its pool's workers do not exist
  *    there): a big op gives the parent's bits, and lmk_stream_destroy returns. A hang is caught by
  *    a 20 s timeout in the parent.
+ *  - allocator hook: a hook that ignores the requested alignment makes the allocation fail with
+ *    OUT_OF_MEMORY and a message that says so (nothing leaks); a hook with only one of alloc/free
+ *    is refused with a message and leaves the current hook in place.
  */
 #include "harness.h"
 #include "lmk.h"
@@ -21,6 +24,11 @@
 #include <unistd.h>
 
 HARNESS_DEFINE;
+
+static bool has(const char *msg, const char *part)
+{
+    return strstr(msg, part) != NULL;
+}
 
 /* ---- fork ---- */
 
@@ -219,8 +227,128 @@ static void test_fork(void)
     }
 }
 
+/* ---- allocator hook ---- */
+
+static struct {
+    long calls, frees, live;
+    void *last_returned; /* what the misaligning hook last handed out */
+} g_hook;
+
+/* Ignores the alignment: hands out a pointer 16 bytes past a 64-byte boundary. */
+static void *misaligned_alloc(size_t size, size_t alignment, void *user)
+{
+    (void)alignment, (void)user;
+    g_hook.calls++;
+    unsigned char *base = NULL;
+    if (posix_memalign((void **)&base, 64, size + 64) != 0)
+        return NULL;
+    g_hook.live++;
+    g_hook.last_returned = base + 16;
+    return base + 16;
+}
+
+static void misaligned_free(void *p, void *user)
+{
+    (void)user;
+    g_hook.frees++;
+    g_hook.live--;
+    unsigned char *base = (unsigned char *)p - 16;
+    free(base);
+}
+
+static void *counting_alloc(size_t size, size_t alignment, void *user)
+{
+    (void)user;
+    void *p = NULL;
+    g_hook.calls++;
+    if (posix_memalign(&p, alignment < sizeof(void *) ? sizeof(void *) : alignment, size ? size : 1) != 0)
+        return NULL;
+    g_hook.live++;
+    return p;
+}
+
+static void counting_free(void *p, void *user)
+{
+    (void)user;
+    g_hook.frees++;
+    g_hook.live--;
+    free(p);
+}
+
+static void *other_alloc(size_t size, size_t alignment, void *user)
+{
+    (void)size, (void)alignment, (void)user;
+    return NULL;
+}
+
+static void other_free(void *p, void *user)
+{
+    (void)p, (void)user;
+}
+
+static void test_allocator(void)
+{
+    /* A hook that ignores the alignment: the 64-byte-aligned CPU buffer must not be handed out. */
+    memset(&g_hook, 0, sizeof g_hook);
+    lmk_set_allocator(&(lmk_allocator){misaligned_alloc, misaligned_free, NULL});
+    lmk_device *dev = NULL;
+    lmk_status st = lmk_device_open(LMK_BACKEND_CPU, 0, &dev); /* 16-byte alignment: fine */
+    if (CHECK(st == LMK_OK, "open with a 16-byte-aligning hook: %s", lmk_last_error())) {
+        lmk_buffer *b = NULL;
+        lmk_clear_error();
+        st = lmk_buffer_alloc(dev, 4096, LMK_F32, NULL, 0, &b);
+        const char *msg = lmk_last_error();
+        CHECK(st == LMK_ERR_OUT_OF_MEMORY && b == NULL, "misaligned hook: lmk_buffer_alloc returned %s (data %p)",
+              lmk_status_name(st), b ? lmk_buffer_data(b) : NULL);
+        CHECK(has(msg, "lmk_buffer_alloc") && has(msg, "allocator hook") && has(msg, "not aligned to 64 bytes"),
+              "misaligned hook: message \"%s\" should name lmk_buffer_alloc, the allocator hook and the 64-byte "
+              "alignment", msg);
+        lmk_buffer_free(b);
+        /* the message does not stick to later, unrelated failures */
+        lmk_stream *s = NULL;
+        st = lmk_stream_create(NULL, &s);
+        CHECK(!has(lmk_last_error(), "allocator hook"), "a later failure's message mentions the hook: \"%s\"",
+              lmk_last_error());
+        lmk_device_close(dev);
+    }
+    CHECK(g_hook.live == 0, "misaligned hook: %ld allocations leaked (the misaligned one must be freed)",
+          g_hook.live);
+    lmk_set_allocator(NULL);
+
+    /* Only one of alloc/free: refused with a message, the current hook stays. */
+    memset(&g_hook, 0, sizeof g_hook);
+    lmk_set_allocator(&(lmk_allocator){counting_alloc, counting_free, NULL});
+    static const lmk_allocator halves[2] = {{other_alloc, NULL, NULL}, {NULL, other_free, NULL}};
+    for (int k = 0; k < 2; k++) {
+        lmk_clear_error();
+        lmk_set_allocator(&halves[k]);
+        CHECK(has(lmk_last_error(), "lmk_set_allocator") && has(lmk_last_error(), "both"),
+              "a hook with only %s set: message \"%s\"", k ? "free" : "alloc", lmk_last_error());
+        const long before = g_hook.calls;
+        dev = NULL;
+        st = lmk_device_open(LMK_BACKEND_CPU, 0, &dev);
+        CHECK(st == LMK_OK && g_hook.calls > before,
+              "a hook with only %s set replaced the current hook (open: %s, current hook calls %ld -> %ld)",
+              k ? "free" : "alloc", lmk_status_name(st), before, g_hook.calls);
+        lmk_device_close(dev);
+    }
+    CHECK(g_hook.live == 0, "counting hook: %ld allocations leaked", g_hook.live);
+    /* {NULL, NULL} and NULL restore the default, without a message */
+    lmk_clear_error();
+    lmk_set_allocator(&(lmk_allocator){NULL, NULL, NULL});
+    const long before = g_hook.calls;
+    dev = NULL;
+    st = lmk_device_open(LMK_BACKEND_CPU, 0, &dev);
+    CHECK(st == LMK_OK && g_hook.calls == before && lmk_last_error()[0] == '\0',
+          "{NULL, NULL} should restore malloc/free silently (calls %ld -> %ld, message \"%s\")", before, g_hook.calls,
+          lmk_last_error());
+    lmk_device_close(dev);
+    lmk_set_allocator(NULL);
+}
+
 int main(void)
 {
     test_fork();
+    test_allocator();
     return harness_summary();
 }

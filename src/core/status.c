@@ -8,8 +8,25 @@
 #include "core/internal.h"
 
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char g_message[512];
+/* Why this thread's last host allocation failed, when the hook's answer was unusable (alloc.c);
+ * the next OUT_OF_MEMORY message appends it. Any failure consumes it. */
+static _Thread_local char g_oom_detail[192];
+
+void lmk_fail_set_oom_detail(const char *fmt, ...) LMK_PRINTF(1, 2);
+void lmk_fail_set_oom_detail(const char *fmt, ...)
+{
+    if (!fmt) {
+        g_oom_detail[0] = '\0';
+        return;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_oom_detail, sizeof g_oom_detail, fmt, ap);
+    va_end(ap);
+}
 
 static const char *const g_status_names[] = {
     [LMK_OK] = "LMK_OK",
@@ -43,6 +60,13 @@ lmk_status lmk_fail(lmk_status st, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(g_message, sizeof g_message, fmt, ap);
     va_end(ap);
+    if (g_oom_detail[0]) {
+        if (st == LMK_ERR_OUT_OF_MEMORY) {
+            const size_t n = strlen(g_message);
+            snprintf(g_message + n, sizeof g_message - n, ": %s", g_oom_detail);
+        }
+        g_oom_detail[0] = '\0';
+    }
     return st;
 }
 
