@@ -149,14 +149,18 @@ LMK_API lmk_status lmk_device_open(lmk_backend backend, int ordinal, lmk_device 
 /* Closes the device. Every buffer and stream made on it must be freed first. */
 LMK_API void lmk_device_close(lmk_device *dev);
 LMK_API lmk_backend lmk_device_backend(const lmk_device *dev);
-/* "cpu (2 threads, avx2)" or "NVIDIA H200 (sm_90, 132 SMs)". Valid while the device is open. */
+/* "cpu (2 threads, avx2)" or "NVIDIA H200 (sm_90, 132 SMs)". Valid while the device is open. The
+ * CPU name shows the thread count of lmk_device_set_threads: that call rewrites the text in place
+ * (the pointer stays the same), so do not read the name on one thread while another calls
+ * lmk_device_set_threads on the device. */
 LMK_API const char *lmk_device_name(const lmk_device *dev);
 /* Number of devices of a backend this process can open (CPU: 1; CUDA: 0 without GPU or support). */
 LMK_API int lmk_device_count(lmk_backend backend);
 
 /* CPU: worker threads used by streams created after this call (default: the LMK_NUM_THREADS
  * environment variable, else the number of online cores). n_threads <= 0 restores the default.
- * CUDA devices ignore it. Errors: INVALID_ARGUMENT (dev NULL, n_threads > 1024). */
+ * The device name changes at this call to show the new count (see lmk_device_name). CUDA devices
+ * ignore it. Errors: INVALID_ARGUMENT (dev NULL, n_threads > 1024). */
 LMK_API lmk_status lmk_device_set_threads(lmk_device *dev, int n_threads);
 
 /* ------------------------------------------------------------------------------------------------

@@ -7,9 +7,16 @@
  *  - allocator hook: a hook that ignores the requested alignment makes the allocation fail with
  *    OUT_OF_MEMORY and a message that says so (nothing leaks); a hook with only one of alloc/free
  *    is refused with a message and leaves the current hook in place.
+ *  - the CPU device name follows lmk_device_set_threads.
+ *  - NULL-argument messages name the argument.
+ *  - lmk_build_info prints the simd= field its documentation shows.
+ *  - CUDA builds on a machine without a GPU: lmk_device_open(CUDA) says so in plain words.
  */
 #include "harness.h"
 #include "lmk.h"
+#ifdef LMK_WITH_CUDA
+#include "lmk_cuda.h"
+#endif
 
 #include <errno.h>
 #include <signal.h>
@@ -346,9 +353,106 @@ static void test_allocator(void)
     lmk_set_allocator(NULL);
 }
 
+/* ---- device name, NULL messages, build info ---- */
+
+static void test_device_name(void)
+{
+    lmk_device *dev = NULL;
+    if (!CHECK(lmk_device_open(LMK_BACKEND_CPU, 0, &dev) == LMK_OK, "open: %s", lmk_last_error()))
+        return;
+    const char *name = lmk_device_name(dev);
+    lmk_device_set_threads(dev, 3);
+    CHECK(has(lmk_device_name(dev), "(3 threads, "), "after lmk_device_set_threads(3) the name is \"%s\"",
+          lmk_device_name(dev));
+    lmk_device_set_threads(dev, 1);
+    CHECK(has(lmk_device_name(dev), "(1 thread, "), "after lmk_device_set_threads(1) the name is \"%s\"",
+          lmk_device_name(dev));
+    CHECK(name == lmk_device_name(dev), "the name pointer changed at lmk_device_set_threads");
+    lmk_device_close(dev);
+}
+
+static void test_null_messages(void)
+{
+    lmk_device *dev = NULL;
+    if (!CHECK(lmk_device_open(LMK_BACKEND_CPU, 0, &dev) == LMK_OK, "open: %s", lmk_last_error()))
+        return;
+    lmk_stream *s = NULL;
+    lmk_status st = lmk_stream_create(NULL, &s);
+    CHECK(st == LMK_ERR_INVALID_ARGUMENT && has(lmk_last_error(), "lmk_stream_create: dev must not be NULL") &&
+              !has(lmk_last_error(), "out"),
+          "lmk_stream_create(NULL, &s): \"%s\"", lmk_last_error());
+    st = lmk_stream_create(dev, NULL);
+    CHECK(st == LMK_ERR_INVALID_ARGUMENT && has(lmk_last_error(), "lmk_stream_create: out must not be NULL") &&
+              !has(lmk_last_error(), "dev"),
+          "lmk_stream_create(dev, NULL): \"%s\"", lmk_last_error());
+    st = lmk_device_open(LMK_BACKEND_CPU, 0, NULL);
+    CHECK(st == LMK_ERR_INVALID_ARGUMENT && has(lmk_last_error(), "lmk_device_open: out must not be NULL"),
+          "lmk_device_open(cpu, 0, NULL): \"%s\"", lmk_last_error());
+    st = lmk_device_set_threads(NULL, 2);
+    CHECK(st == LMK_ERR_INVALID_ARGUMENT && has(lmk_last_error(), "lmk_device_set_threads: dev must not be NULL"),
+          "lmk_device_set_threads(NULL, 2): \"%s\"", lmk_last_error());
+    st = lmk_stream_sync(NULL);
+    CHECK(st == LMK_ERR_INVALID_ARGUMENT && has(lmk_last_error(), "lmk_stream_sync: ") &&
+              has(lmk_last_error(), "must not be NULL"),
+          "lmk_stream_sync(NULL): \"%s\"", lmk_last_error());
+#ifdef LMK_WITH_CUDA
+    st = lmk_stream_wrap_cuda(NULL, 0, &s);
+    CHECK(st == LMK_ERR_INVALID_ARGUMENT && has(lmk_last_error(), "lmk_stream_wrap_cuda: dev must not be NULL") &&
+              !has(lmk_last_error(), "out"),
+          "lmk_stream_wrap_cuda(NULL, 0, &s): \"%s\"", lmk_last_error());
+    st = lmk_stream_wrap_cuda(dev, 0, NULL);
+    CHECK(st == LMK_ERR_INVALID_ARGUMENT && has(lmk_last_error(), "lmk_stream_wrap_cuda: out must not be NULL") &&
+              !has(lmk_last_error(), "dev"),
+          "lmk_stream_wrap_cuda(dev, 0, NULL): \"%s\"", lmk_last_error());
+#endif
+    lmk_device_close(dev);
+}
+
+static void test_build_info(void)
+{
+    const char *info = lmk_build_info();
+    const char *simd = strstr(info, "simd=");
+    CHECK(simd && (!strncmp(simd + 5, "scalar", 6) || !strncmp(simd + 5, "avx2", 4) || !strncmp(simd + 5, "avx512", 6)),
+          "lmk_build_info() \"%s\" has no simd=<level> field", info);
+    /* the level it reports is the one an uncapped CPU device uses */
+    lmk_device *dev = NULL;
+    const char *cap = getenv("LMK_CPU_ISA");
+    if (!cap && simd && lmk_device_open(LMK_BACKEND_CPU, 0, &dev) == LMK_OK) {
+        char level[16] = "";
+        sscanf(simd + 5, "%15[a-z0-9]", level);
+        char want[24];
+        snprintf(want, sizeof want, ", %s)", level);
+        CHECK(has(lmk_device_name(dev), want), "build info simd=%s, but the CPU device is \"%s\"", level,
+              lmk_device_name(dev));
+        lmk_device_close(dev);
+    }
+}
+
+static void test_cuda_no_gpu(void)
+{
+#ifdef LMK_WITH_CUDA
+    if (lmk_device_count(LMK_BACKEND_CUDA) > 0) {
+        SKIP("cuda without a GPU: this machine has a GPU");
+        return;
+    }
+    lmk_device *dev = NULL;
+    const lmk_status st = lmk_device_open(LMK_BACKEND_CUDA, 0, &dev);
+    CHECK(st == LMK_ERR_NOT_FOUND && has(lmk_last_error(), "lmk_device_open: no NVIDIA GPU") &&
+              has(lmk_last_error(), "(CUDA: "),
+          "lmk_device_open(CUDA) without a GPU: %s \"%s\"", lmk_status_name(st), lmk_last_error());
+    lmk_device_close(dev);
+#else
+    SKIP("cuda without a GPU: this build has no CUDA backend");
+#endif
+}
+
 int main(void)
 {
     test_fork();
     test_allocator();
+    test_device_name();
+    test_null_messages();
+    test_build_info();
+    test_cuda_no_gpu();
     return harness_summary();
 }

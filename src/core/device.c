@@ -5,6 +5,7 @@
  * front-end function dispatches through dev->ops, so adding a backend touches this file alone.
  */
 #include "core/internal.h"
+#include "cpu/cpu.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -110,5 +111,7 @@ lmk_status lmk_device_set_threads(lmk_device *dev, int n_threads)
                         n_threads);
     /* Relaxed atomic: another thread may be reading it in lmk_stream_create right now. */
     __atomic_store_n(&dev->n_threads, n_threads <= 0 ? lmk_default_threads() : n_threads, __ATOMIC_RELAXED);
+    if (dev->backend == LMK_BACKEND_CPU) /* the name shows the thread count (lmk.h) */
+        lmk_cpu_name_device(dev);
     return LMK_OK;
 }

@@ -7,6 +7,9 @@
  */
 #include "core/internal.h"
 
+#include "cpu/cpu.h"
+
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -75,13 +78,25 @@ const char *lmk_version(void)
     return "0.1.0";
 }
 
+/* The build's fixed part, then simd=: the CPU level, known only at run time. */
+static char g_build_info[256];
+static pthread_once_t g_build_info_once = PTHREAD_ONCE_INIT;
+
+static void build_info_init(void)
+{
+    snprintf(g_build_info, sizeof g_build_info, "%s simd=%s",
+             "compiler=" LMK_BUILD_COMPILER
+#ifdef LMK_WITH_CUDA
+             " cuda=yes (" LMK_BUILD_CUDA_ARCHS ")"
+#else
+             " cuda=no"
+#endif
+             " build=" LMK_BUILD_TYPE,
+             lmk_cpu_simd_name());
+}
+
 const char *lmk_build_info(void)
 {
-    return "compiler=" LMK_BUILD_COMPILER
-#ifdef LMK_WITH_CUDA
-           " cuda=yes (" LMK_BUILD_CUDA_ARCHS ")"
-#else
-           " cuda=no"
-#endif
-           " build=" LMK_BUILD_TYPE;
+    pthread_once(&g_build_info_once, build_info_init);
+    return g_build_info;
 }

@@ -8,8 +8,10 @@
 
 lmk_status lmk_stream_create(lmk_device *dev, lmk_stream **out)
 {
-    if (!dev || !out)
-        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_stream_create: dev and out must not be NULL");
+    if (!dev)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_stream_create: dev must not be NULL");
+    if (!out)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_stream_create: out must not be NULL");
     lmk_stream *s = lmk_host_calloc(sizeof *s, 0);
     if (!s)
         return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk_stream_create: out of host memory");

@@ -72,7 +72,8 @@ static const char *isa_name(lmk_cpu_isa isa)
     return isa == LMK_CPU_AVX512 ? "avx512" : isa == LMK_CPU_AVX2 ? "avx2" : "scalar";
 }
 
-static lmk_cpu_isa detect_isa(void)
+/* The best level both compiled in and supported by this CPU (LMK_CPU_ISA not applied). */
+static lmk_cpu_isa detect_hw_isa(void)
 {
     lmk_cpu_isa isa = LMK_CPU_SCALAR;
 #if LMK_CPU_X86
@@ -84,6 +85,18 @@ static lmk_cpu_isa detect_isa(void)
     if (f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         isa = __builtin_cpu_supports("avx512f") ? LMK_CPU_AVX512 : LMK_CPU_AVX2;
 #endif
+    return isa;
+}
+
+const char *lmk_cpu_simd_name(void)
+{
+    return isa_name(detect_hw_isa());
+}
+
+/* The hardware level, capped by the environment variable LMK_CPU_ISA. */
+static lmk_cpu_isa detect_isa(void)
+{
+    lmk_cpu_isa isa = detect_hw_isa();
     const char *cap = getenv("LMK_CPU_ISA");
     if (cap) {
         lmk_cpu_isa want = isa;
@@ -114,9 +127,18 @@ static lmk_status cpu_device_open(lmk_device *dev, int ordinal)
         return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk_device_open: out of host memory");
     cd->isa = detect_isa();
     dev->impl = cd;
-    snprintf(dev->name, sizeof dev->name, "cpu (%d thread%s, %s)", dev->n_threads, dev->n_threads == 1 ? "" : "s",
-             isa_name(cd->isa));
+    lmk_cpu_name_device(dev);
     return LMK_OK;
+}
+
+void lmk_cpu_name_device(lmk_device *dev)
+{
+    const cpu_device *cd = dev->impl;
+    const int n = __atomic_load_n(&dev->n_threads, __ATOMIC_RELAXED);
+    char name[sizeof dev->name];
+    snprintf(name, sizeof name, "cpu (%d thread%s, %s)", n, n == 1 ? "" : "s", isa_name(cd->isa));
+    if (strcmp(name, dev->name) != 0) /* an unchanged name is not rewritten under a reader */
+        memcpy(dev->name, name, strlen(name) + 1);
 }
 
 static void cpu_device_close(lmk_device *dev)

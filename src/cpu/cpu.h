@@ -61,6 +61,14 @@ void lmk_cpu_parallel(lmk_stream *s, size_t bytes, lmk_cpu_task task, void *ctx)
 /* The ISA level of the stream's device. */
 lmk_cpu_isa lmk_cpu_stream_isa(const lmk_stream *s);
 
+/* "scalar", "avx2" or "avx512": the best level that is both compiled in and supported by this
+ * CPU, i.e. what a CPU device uses when LMK_CPU_ISA does not cap it (lmk_build_info's simd=). */
+const char *lmk_cpu_simd_name(void);
+
+/* (Re)writes dev->name, "cpu (N threads, isa)", from dev->n_threads: at open and at
+ * lmk_device_set_threads. */
+void lmk_cpu_name_device(lmk_device *dev);
+
 
 /* The contiguous share [lo, hi) of n items for thread tid of nth, with lo and hi multiples of
  * `grain` (except hi == n). Depends only on (n, tid, nth, grain). */

@@ -45,6 +45,19 @@ static lmk_status cuda_device_open(lmk_device *dev, int ordinal)
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
+        /* A machine without a GPU or driver says "CUDA driver version is insufficient for CUDA
+         * runtime version"; with no driver installed at all the driver version reads 0. */
+        int driver = 0, runtime = 0;
+        if (e == cudaErrorInsufficientDriver && cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0 &&
+            cudaRuntimeGetVersion(&runtime) == cudaSuccess)
+            return lmk_fail(LMK_ERR_NOT_FOUND,
+                            "lmk_device_open: the NVIDIA driver supports CUDA %d.%d, older than this build's CUDA "
+                            "runtime %d.%d (CUDA: %s)",
+                            driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10,
+                            cudaGetErrorString(e));
+        if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice)
+            return lmk_fail(LMK_ERR_NOT_FOUND, "lmk_device_open: no NVIDIA GPU or driver found (CUDA: %s)",
+                            cudaGetErrorString(e));
         return lmk_fail(LMK_ERR_NOT_FOUND, "lmk_device_open: no usable CUDA GPU (cudaGetDeviceCount: %s)",
                         cudaGetErrorString(e));
     }
@@ -250,8 +263,10 @@ extern "C" const lmk_backend_ops lmk_cuda_backend = make_table();
 
 lmk_status lmk_stream_wrap_cuda(lmk_device *dev, cudaStream_t stream, lmk_stream **out)
 {
-    if (!dev || !out)
-        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_stream_wrap_cuda: dev and out must not be NULL");
+    if (!dev)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_stream_wrap_cuda: dev must not be NULL");
+    if (!out)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_stream_wrap_cuda: out must not be NULL");
     if (dev->backend != LMK_BACKEND_CUDA)
         return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_stream_wrap_cuda: device \"%s\" is not a CUDA device",
                         dev->name);
