@@ -696,20 +696,38 @@ static void print_row(const bench_env *e, const bench_case *bc, const bench_resu
 
 /* ---- the command ---- */
 
+/* "1,4106,16384": 1 to MAX_T_LIST items, none empty, each an integer in [1, 2^20]. Parsed in
+ * place (any length), so nothing is cut off. */
 static int parse_T_list(const char *v, bench_opts *o)
 {
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", v);
+    if (!*v)
+        return tool_usage_error("--T needs at least one token count");
     o->n_T = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        uint64_t t;
+    for (const char *item = v;;) {
+        const char *comma = strchr(item, ',');
+        const size_t len = comma ? (size_t)(comma - item) : strlen(item);
+        if (len == 0)
+            return tool_usage_error("bad value for --T: '%s' has an empty item (expected comma-separated integers "
+                                    "such as 1,4106,16384)",
+                                    v);
         if (o->n_T == MAX_T_LIST)
-            return tool_usage_error("--T takes at most %d values", MAX_T_LIST);
+            return tool_usage_error("--T takes at most %d values ('%s' has more)", MAX_T_LIST, v);
+        size_t skip = 0; /* leading zeros, so that any spelling of a number in range fits tok */
+        while (skip + 1 < len && item[skip] == '0')
+            skip++;
+        char tok[32];
+        uint64_t t;
+        if (len - skip >= sizeof tok) /* longer than any integer in range: fail with the item as typed */
+            return tool_usage_error("bad value for --T: '%.*s' (expected an integer in [1, %u])", (int)len, item,
+                                    1u << 20);
+        snprintf(tok, sizeof tok, "%.*s", (int)(len - skip), item + skip);
         if (tool_parse_u64("--T", tok, 1, 1u << 20, &t) < 0)
             return TOOL_EXIT_USAGE;
         o->T[o->n_T++] = (uint32_t)t;
+        if (!comma)
+            return 0;
+        item = comma + 1;
     }
-    return o->n_T ? 0 : tool_usage_error("--T needs at least one token count");
 }
 
 static int parse_bench_opts(int argc, char **argv, bench_opts *o)

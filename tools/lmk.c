@@ -116,10 +116,15 @@ int tool_opt(int argc, char **argv, int *i, const char *name, const char **val)
 
 int tool_parse_u64(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
 {
+    /* Digits only: strtoull alone would skip leading blanks and accept a sign, so " -1" would
+     * wrap to 2^64 - 1. */
+    int digits = *s != '\0';
+    for (const char *c = s; *c && digits; c++)
+        digits = *c >= '0' && *c <= '9';
     char *end = NULL;
     errno = 0;
-    const unsigned long long v = strtoull(s, &end, 10);
-    if (!*s || *s == '-' || *end || errno || v < lo || v > hi) {
+    const unsigned long long v = digits ? strtoull(s, &end, 10) : 0;
+    if (!digits || *end || errno || v < lo || v > hi) {
         tool_usage_error("bad value for %s: '%s' (expected an integer in [%llu, %llu])", opt, s,
                          (unsigned long long)lo, (unsigned long long)hi);
         return -1;
@@ -234,8 +239,10 @@ int main(int argc, char **argv)
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
-        if (argc > 3 || (argc == 3 && strcmp(argv[2], "info") && strcmp(argv[2], "check") && strcmp(argv[2], "bench")))
-            return tool_usage_error("help: unknown command '%s'", argv[2]);
+        if (argc > 3)
+            return tool_usage_error("%s takes at most one command, not also '%s' (try lmk help)", cmd, argv[3]);
+        if (argc == 3 && strcmp(argv[2], "info") && strcmp(argv[2], "check") && strcmp(argv[2], "bench"))
+            return tool_usage_error("%s: unknown command '%s' (try lmk help)", cmd, argv[2]);
         tool_print_usage(stdout, argc == 3 ? argv[2] : NULL);
         return 0;
     }

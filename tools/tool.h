@@ -34,7 +34,8 @@ int tool_unknown_arg(const char *cmd, const char *arg);
  * it is another argument; -1 (after printing why) when the value is missing. */
 int tool_flag(char **argv, int i, const char *name);
 int tool_opt(int argc, char **argv, int *i, const char *name, const char **val);
-/* Parses a decimal unsigned integer in [lo, hi] for option `opt`; prints why and returns -1 if not. */
+/* Parses a decimal unsigned integer in [lo, hi] for option `opt`: decimal digits only (no sign,
+ * no blanks). Prints why and returns -1 if not. */
 int tool_parse_u64(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
 /* Picks `s` among `n` names; returns its index, or -1 after printing the allowed names. */
 int tool_parse_choice(const char *opt, const char *s, const char *const *names, int n);
