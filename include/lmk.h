@@ -18,7 +18,16 @@
  *  - Ops take the stream first, then inputs, then outputs, then a parameter struct.
  *  - An op call validates, then only enqueues work: it performs no heap allocation, no
  *    host-device synchronisation and no host copy, so it is usable on a decode hot path and inside
- *    a captured CUDA graph. Results are deterministic: the same inputs give bit-identical outputs.
+ *    a captured CUDA graph.
+ *  - Results are deterministic: on one device of one build, the same inputs give bit-identical
+ *    outputs on every run, whatever the thread count (lmk_device_set_threads, LMK_NUM_THREADS) and
+ *    whatever floating-point environment the calling thread has set: its rounding mode
+ *    (fesetround) and, on x86, the MXCSR flush-to-zero and denormals-are-zero bits that
+ *    -ffast-math programs set. A CPU op runs under round-to-nearest with FTZ/DAZ off and gives the
+ *    caller its environment back (exception flags the op raised stay raised); CUDA kernels never
+ *    see the host's environment (each instruction's rounding is fixed). Bits are not promised to
+ *    match across backends or CPU instruction-set levels (the device name shows the level: the
+ *    scalar and vector paths differ in the last bits): those agree within each op's precision.
  *  - Threads: any thread may call any function. Different threads may use different streams of one
  *    device at the same time. One stream must not be used by two threads at once.
  */

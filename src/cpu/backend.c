@@ -16,12 +16,19 @@
  * load, not a system call. In a child, the first op large enough to need the workers re-creates
  * them with fresh synchronisation objects (or, if that fails, runs every later op on the calling
  * thread alone), and destroying an inherited pool joins nothing and destroys nothing it copied.
+ *
+ * Floating-point environment: every op's work runs under round-to-nearest with flush-to-zero and
+ * denormals-are-zero off (x86 MXCSR), whatever the calling thread set: lmk_cpu_parallel switches
+ * the caller's environment for the op's duration and gives it back, and workers reset theirs to
+ * the default when they start (a new thread inherits its creator's). So results never depend on
+ * the caller's fesetround or -ffast-math settings.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* pthread_sigmask when compiled outside the build's -D_GNU_SOURCE */
 #endif
 #include "cpu/cpu.h"
 
+#include <fenv.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -31,6 +38,12 @@
 #include <unistd.h>
 #if LMK_CPU_X86
 #include <cpuid.h>
+#endif
+#if defined(__SSE__) && (defined(__x86_64__) || defined(__i386__))
+#include <xmmintrin.h>
+#define LMK_HAVE_MXCSR 1
+#else
+#define LMK_HAVE_MXCSR 0
 #endif
 
 typedef struct cpu_device {
@@ -173,6 +186,62 @@ static lmk_status cpu_mem_copy(lmk_device *dev, void *dst, const void *src, size
     return LMK_OK;
 }
 
+/* ---- the floating-point environment of an op ---- */
+
+#if LMK_HAVE_MXCSR
+/* MXCSR: bits 0-5 are the sticky exception flags; the rest is control (DAZ 6, masks 7-12,
+ * rounding 13-14, FTZ 15). The default control is every exception masked, round to nearest. */
+#define MXCSR_FLAGS 0x003Fu
+#define MXCSR_DEFAULT_CONTROL 0x1F80u
+#endif
+
+typedef struct fp_saved {
+#if LMK_HAVE_MXCSR
+    int round;      /* fegetround: the x87 control word's mode */
+    unsigned mxcsr;
+#else
+    fenv_t env;
+#endif
+} fp_saved;
+
+/* Switches the calling thread to the default environment (round to nearest; on x86 also FTZ and
+ * DAZ off and exceptions masked) and returns what fp_leave restores. On x86 it writes nothing
+ * when the caller already runs under the default, the usual case: a few cycles per op. */
+static inline fp_saved fp_enter(void)
+{
+    fp_saved sv;
+#if LMK_HAVE_MXCSR
+    sv.mxcsr = _mm_getcsr(); /* before fesetround, which also writes MXCSR's rounding bits */
+    sv.round = fegetround(); /* the x87 control word's mode (long double and some libm code) */
+    if (sv.round != FE_TONEAREST)
+        fesetround(FE_TONEAREST);
+    const unsigned cur = _mm_getcsr(), want = (cur & MXCSR_FLAGS) | MXCSR_DEFAULT_CONTROL;
+    if (cur != want)
+        _mm_setcsr(want);
+#else
+    fegetenv(&sv.env);
+    fesetenv(FE_DFL_ENV); /* also clears flush-to-zero modes such as AArch64's FPCR.FZ */
+#endif
+    return sv;
+}
+
+/* Gives the caller its environment back; exception flags the op raised stay raised. */
+static inline void fp_leave(const fp_saved *sv)
+{
+#if LMK_HAVE_MXCSR
+    if (sv->round != FE_TONEAREST)
+        fesetround(sv->round);
+    const unsigned cur = _mm_getcsr(), want = (cur & MXCSR_FLAGS) | (sv->mxcsr & ~MXCSR_FLAGS);
+    if (cur != want)
+        _mm_setcsr(want);
+#else
+    fexcept_t raised;
+    fegetexceptflag(&raised, FE_ALL_EXCEPT);
+    fesetenv(&sv->env);
+    fesetexceptflag(&raised, FE_ALL_EXCEPT);
+#endif
+}
+
 /* ---- fork: the process a pool belongs to ---- */
 
 static pthread_once_t g_pid_once = PTHREAD_ONCE_INIT;
@@ -215,6 +284,9 @@ static void *worker_main(void *arg)
 {
     cpu_worker *w = arg;
     cpu_pool *p = w->pool;
+    /* A new thread inherits its creator's environment (e.g. fesetround or FTZ set by the thread
+     * that created the stream); a worker runs only ops, under the default one. */
+    fesetenv(FE_DFL_ENV);
     unsigned long seen = 0;
     for (;;) {
         unsigned long g = atomic_load_explicit(&p->gen, memory_order_acquire);
@@ -413,6 +485,7 @@ static void pool_run(cpu_pool *p, lmk_cpu_task task, void *ctx)
 void lmk_cpu_parallel(lmk_stream *s, size_t bytes, lmk_cpu_task task, void *ctx)
 {
     cpu_pool *p = s->impl;
+    const fp_saved fp = fp_enter();
     if (p->n_threads == 1 || bytes < LMK_CPU_PARALLEL_MIN_BYTES) {
         task(ctx, 0, 1);
     } else {
@@ -423,6 +496,7 @@ void lmk_cpu_parallel(lmk_stream *s, size_t bytes, lmk_cpu_task task, void *ctx)
         else
             pool_run(p, task, ctx);
     }
+    fp_leave(&fp);
 }
 
 /* Every op of src/ops/ops.h has its CPU path, lmk_cpu_<op> in src/ops/<op>/cpu.c. */
