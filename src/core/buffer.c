@@ -56,7 +56,7 @@ lmk_status lmk_buffer_alloc(lmk_device *dev, size_t byte_len, lmk_dtype dtype, c
                             int ndim, lmk_buffer **out)
 {
     if (!dev || !out)
-        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_buffer_alloc: dev and out must not be NULL");
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_buffer_alloc: %s must not be NULL", !dev ? "dev" : "out");
     lmk_buffer tmp = {0};
     lmk_status st = set_shape(&tmp, "lmk_buffer_alloc", byte_len, dtype, shape, ndim);
     if (st != LMK_OK)
@@ -80,7 +80,7 @@ lmk_status lmk_buffer_wrap(lmk_device *dev, void *ptr, size_t byte_len, lmk_dtyp
                            int ndim, lmk_buffer **out)
 {
     if (!dev || !out)
-        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_buffer_wrap: dev and out must not be NULL");
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_buffer_wrap: %s must not be NULL", !dev ? "dev" : "out");
     if (!ptr && byte_len)
         return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_buffer_wrap: ptr is NULL but byte_len is %zu", byte_len);
     lmk_buffer tmp = {0};
@@ -114,7 +114,7 @@ lmk_status lmk_buffer_view(const lmk_buffer *parent, size_t byte_offset, lmk_dty
                            int ndim, lmk_buffer **out)
 {
     if (!parent || !out)
-        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_buffer_view: parent and out must not be NULL");
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_buffer_view: %s must not be NULL", !parent ? "parent" : "out");
     if (byte_offset > parent->byte_len)
         return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_buffer_view: byte_offset %zu is past the parent's %zu bytes",
                         byte_offset, parent->byte_len);

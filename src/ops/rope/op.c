@@ -10,6 +10,7 @@
 #include "core/internal.h"
 #include "ops/rope/rope.h"
 
+#include <fenv.h>
 #include <math.h>
 
 static const double k_pi = 3.14159265358979323846;
@@ -203,11 +204,17 @@ lmk_rope_args lmk_rope_args_for(const lmk_rope_params *p, lmk_dtype dtype, const
     g->mscale = g->attn_factor;
     if (g->ext_factor != 0.0) {
         /* ggml's rope_yarn_corr_dims, in float64; fmax/fmin also turn a NaN (freq_base 1) into the
-         * clamp's bound. */
+         * clamp's bound. Under round-to-nearest whatever the caller set: log's last bit, and so the
+         * CUDA path's m, must not depend on the caller's rounding mode (lmk.h, determinism). */
+        const int mode = fegetround();
+        if (mode != FE_TONEAREST)
+            fesetround(FE_TONEAREST);
         const double n = g->exp_n, lb = 2.0 * log(g->freq_base), ctx = (double)p->n_ctx_orig;
         g->ramp_low = fmax(0.0, floor(n * log(ctx / (2.0 * k_pi * g->beta_fast)) / lb));
         g->ramp_high = fmin(n - 1.0, ceil(n * log(ctx / (2.0 * k_pi * g->beta_slow)) / lb));
         g->mscale = g->attn_factor * (1.0 + 0.1 * log(1.0 / g->freq_scale));
+        if (mode != FE_TONEAREST)
+            fesetround(mode);
     }
     g->freq_factors = freq_factors;
     g->positions = positions;
