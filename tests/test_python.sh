@@ -1,0 +1,45 @@
+#!/bin/sh
+# test_python.sh - runs the Python package's tests (python/tests, pytest) against a built liblmk.so and
+# prints one closing line "N passed, N failed, N skipped" for tests/run_tests.sh.
+#
+#   sh tests/test_python.sh [BUILD_DIR | path/to/liblmk.so]     (default: build/)
+#
+# CMake copies this file to <build>/tests/test_python with configure_file(... @ONLY), which fills in the two
+# paths below, so `make test` runs it from the build tree; run from tests/ it finds the repository itself.
+src='@CMAKE_SOURCE_DIR@'
+bin='@CMAKE_BINARY_DIR@'
+[ -d "$src/python/lmk" ] || { src=$(cd "$(dirname "$0")/.." && pwd); bin="$src/build"; }
+
+lib=${1:-$bin}
+[ -d "$lib" ] && lib="$lib/liblmk.so"
+if [ ! -f "$lib" ]; then
+    echo "FAIL python: no liblmk.so at $lib (build first: make)"
+    echo "0 passed, 1 failed, 0 skipped"
+    exit 1
+fi
+py=${PYTHON:-python3}
+if ! "$py" -c "import pytest" >/dev/null 2>&1; then
+    echo "SKIP python: pytest not installed"
+    echo "0 passed, 0 failed, 1 skipped"
+    exit 0
+fi
+
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+LMK_LIBRARY=$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib") PYTHONPATH="$src/python${PYTHONPATH:+:$PYTHONPATH}" \
+    "$py" -m pytest -q -rs -p no:cacheprovider "$src/python/tests" >"$out" 2>&1
+rc=$?
+cat "$out"
+
+# pytest's summary, e.g. "3 failed, 120 passed, 4 skipped, 1 error in 2.1s": errors count as failures.
+summary=$(grep -E '^=* ?[0-9]+ (passed|failed|skipped|errors?|xfailed|xpassed|deselected)' "$out" | tail -n 1)
+count() { printf '%s\n' "$summary" | sed -nE "s/(^|.*[^0-9])([0-9]+) $1([^a-z].*|$)/\\2/p"; }
+passed=$(count passed); failed=$(count failed); skipped=$(count skipped); errors=$(count 'errors?')
+passed=${passed:-0}; failed=$((${failed:-0} + ${errors:-0})); skipped=${skipped:-0}
+# pytest exits 5 when it collected nothing, 2-4 on interruptions and usage errors: never a pass.
+if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
+    echo "!!! pytest exited $rc"
+    failed=1
+fi
+echo "$passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]
