@@ -1,13 +1,10 @@
 /*
- * common_buf.c - devices, buffers, poison and guards, and message checks for the tests.
+ * common_buf.c - devices, buffers and message checks for the tests (poison, guards and the
+ * guarded device memory of a case are in testkit/mem.c).
  *
  * Every op test runs on each backend this machine has: the CPU always, CUDA when a GPU is usable.
  * Without one, the CUDA cases are reported with a visible SKIP line, so the same binary runs in CI
  * and on a GPU host and the summary says what was not run.
- *
- * Outputs are poisoned before a run (TST_POISON, a NaN in every float type) and carry TST_GUARD
- * bytes after their used range; after the run every element must have been written and every
- * guard byte must be intact (ggml's test-backend-ops does the same with guard tensors).
  */
 #include "common.h"
 
@@ -168,33 +165,6 @@ void *tst_read_all(const lmk_buffer *b)
         return NULL;
     }
     return p;
-}
-
-void tst_poison(void *p, size_t n, unsigned byte)
-{
-    memset(p, (int)byte, n);
-}
-
-long long tst_find_not(const void *p, size_t from, size_t to, unsigned byte)
-{
-    const unsigned char *c = p;
-    for (size_t i = from; i < to; i++)
-        if (c[i] != (unsigned char)byte)
-            return (long long)i;
-    return -1;
-}
-
-size_t tst_count_unwritten(const void *p, size_t n, size_t es, unsigned byte)
-{
-    const unsigned char *c = p;
-    size_t count = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t j = 0;
-        while (j < es && c[i * es + j] == (unsigned char)byte)
-            j++;
-        count += j == es;
-    }
-    return count;
 }
 
 bool tst_msg_has(const char *first, ...)

@@ -1,12 +1,13 @@
 /*
- * common_cases.c - the real model shapes both ops are tested on (SPEC.md section 3).
+ * shapes.c - real model shapes, case names and positions that the tests, the tool and the ops'
+ * case descriptors share.
  *
  * Names are printed the way ggml's test-backend-ops prints its cases, parameters first and the
  * model after "//", e.g.
  *     rope_multi imrope hd=256 rd=64 nh=24 T=4106 f32 half_rope // qwen3.5-27B Q
  * so a failing line says at once which layer of which model is affected.
  */
-#include "common.h"
+#include "testkit.h"
 
 #include <stdio.h>
 
@@ -49,6 +50,24 @@ char *tst_repeat_name(char *buf, size_t n, const lmk_repeat_tiled_params *p, lmk
 {
     snprintf(buf, n, "repeat_tiled T=%u hg=%u h=%u k=%u %s%s%s", p->seq, p->hg, p->h, p->k, lmk_dtype_name(dtype),
              comment && *comment ? " // " : "", comment ? comment : "");
+    return buf;
+}
+
+char *tst_format_base(char *buf, size_t n, double v)
+{
+    char tmp[32], *o = buf;
+    snprintf(tmp, sizeof tmp, "%g", v);
+    for (const char *p = tmp; *p && (size_t)(o - buf) + 1 < n; p++) {
+        if (p[0] == 'e' && p[1] == '+') {
+            *o++ = 'e';
+            p++;
+            while (p[1] == '0' && p[2])
+                p++;
+            continue;
+        }
+        *o++ = *p;
+    }
+    *o = '\0';
     return buf;
 }
 

@@ -1,0 +1,636 @@
+/*
+ * case.c - the case descriptor of attn_prologue (testkit/testkit.h): per-head RMSNorm + rope of q
+ * and k and the KV-cache write, on the full-attention layers of real models.
+ *
+ *   Qwen3-8B        q, k, v read out of the packed QKV projection (strided), q/k norms (x * w),
+ *                   NEOX base 1e6, k and v written only to a bf16 cache through slots
+ *   Qwen3.5/3.6-27B q read out of the [q | gate] projection, norms with HF weights (x * (1 + w)),
+ *                   IMROPE [11,11,10,0] on 64 of 256, k_out and f8e4m3 caches with scales
+ *   Llama-3.1-8B    no norm, llama3 freq_factors, k to k_out only (the prologue as a plain rope)
+ *   paged caches    slots in any order, padding slots (-1, and past the last row) that write nothing
+ * Outputs and cache rows are compared with the float64 chain (lmk_ref_attn_prologue_token) under
+ * lmk.h's contract (f32 1e-5 * max(1, |ref|), bf16/f16 one ulp + 1e-6, f8 one f8 ulp); v rows in
+ * v's dtype must be its bits; cache rows no slot names must keep their bytes.
+ */
+#include "ops/attn_prologue/attn_prologue.h"
+#include "testkit_ref.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { QI, QO, KI, KO, VI, QW, KW, POS, FF, SLOTS, KC, VC };  /* the operands in tst_inst.arg */
+enum { DENSE, QKV, QGATE };         /* q, k, v each dense; q|k|v packed; q inside [q | gate] */
+enum { SLOT_SEQ, SLOT_SHUFFLED, SLOT_PADDED };
+enum { FF_NONE, FF_LLAMA3 };
+
+typedef struct ap_case {
+    lmk_rope_params p;      /* n_k_heads: k and v heads */
+    lmk_dtype dtype;
+    int layout;
+    bool q_in_place;        /* q_out is q_in */
+    bool norm;              /* q and k norm weights */
+    lmk_dtype w_dtype;
+    float eps, weight_offset;
+    bool k_out;             /* k to k_out (else only to the cache) */
+    bool cache;             /* k_cache, and v_cache when v */
+    bool v;
+    uint32_t v_dim;
+    lmk_dtype cache_dtype;  /* the input dtype or LMK_F8E4M3 */
+    float k_scale, v_scale;
+    uint32_t n_slots;       /* cache rows */
+    int slots;              /* SLOT_* */
+    lmk_dtype slot_dtype;   /* i32 or i64 */
+    lmk_dtype pos_dtype;
+    int ff;
+} ap_case;
+
+_Static_assert(sizeof(ap_case) <= TST_CASE_PARAMS, "ap_case must fit in tst_case.p");
+
+static const ap_case *P(const tst_case *c)
+{
+    return (const ap_case *)(const void *)c->p.bytes;
+}
+
+static bool multi_mode(lmk_rope_mode m)
+{
+    return m == LMK_ROPE_MROPE || m == LMK_ROPE_IMROPE || m == LMK_ROPE_VISION;
+}
+
+/* ---- the table ---- */
+
+#define QWEN3 .p = {.head_dim = 128, .rope_dim = 128, .n_heads = 32, .n_k_heads = 8, .freq_base = 1e6f, \
+                    .mode = LMK_ROPE_NEOX}, .layout = QKV, .norm = true, .w_dtype = LMK_BF16, .eps = 1e-6f, \
+              .cache = true, .v = true, .v_dim = 128
+#define QWEN35 .p = {.head_dim = 256, .rope_dim = 64, .n_heads = 24, .n_k_heads = 4, .freq_base = 1e7f, \
+                     .mode = LMK_ROPE_IMROPE, .sections = {11, 11, 10, 0}}, .layout = QGATE, .norm = true, \
+               .w_dtype = LMK_BF16, .eps = 1e-6f, .weight_offset = 1.0f, .k_out = true, .cache = true, .v = true, \
+               .v_dim = 256
+#define LLAMA31 .p = {.head_dim = 128, .rope_dim = 128, .n_heads = 32, .n_k_heads = 8, .freq_base = 5e5f, \
+                      .mode = LMK_ROPE_NEOX}, .k_out = true, .ff = FF_LLAMA3
+
+typedef struct row {
+    ap_case c;
+    uint32_t T;
+    lmk_dtype dtype;
+    unsigned flags;
+    const char *model;
+} row;
+
+static const row k_rows[] = {
+    {{QWEN3, .n_slots = 256}, 1, LMK_BF16, 0, "Qwen3-8B decode"},
+    {{QWEN3, .n_slots = 256}, 37, LMK_BF16, 0, "Qwen3-8B"},
+    {{QWEN3, .n_slots = 64, .slots = SLOT_SHUFFLED}, 37, LMK_F32, 0, "Qwen3-8B, paged cache"},
+    {{QWEN3, .n_slots = 16, .slots = SLOT_PADDED, .slot_dtype = LMK_I64}, 9, LMK_F16, 0, "Qwen3-8B, padded batch"},
+    {{QWEN3, .n_slots = 8}, 4, LMK_BF16, TST_CASE_CONTRACT, "Qwen3-8B"},
+    {{QWEN3, .n_slots = 4106}, 4106, LMK_BF16, TST_CASE_FULL, "Qwen3-8B prompt"},
+    {{QWEN35, .cache_dtype = LMK_F8E4M3, .k_scale = 0.0625f, .v_scale = 0.125f, .n_slots = 64}, 37, LMK_BF16, 0,
+     "Qwen3.5/3.6-27B, f8 cache"},
+    {{QWEN35, .n_slots = 64, .q_in_place = true}, 17, LMK_F32, 0, "Qwen3.5/3.6-27B, q in place"},
+    {{QWEN35, .cache_dtype = LMK_F8E4M3, .n_slots = 8, .slots = SLOT_SHUFFLED}, 3, LMK_F16, TST_CASE_CONTRACT,
+     "Qwen3.5/3.6-27B, f8 cache"},
+    {{LLAMA31, .pos_dtype = LMK_I64}, 37, LMK_BF16, 0, "Llama-3.1-8B (no norm)"},
+    {{LLAMA31}, 5, LMK_F32, TST_CASE_CONTRACT, "Llama-3.1-8B (no norm)"},
+};
+
+static int ap_n_cases(void)
+{
+    return (int)(sizeof k_rows / sizeof k_rows[0]);
+}
+
+static const char *mode_name(lmk_rope_mode m)
+{
+    return m == LMK_ROPE_NORMAL ? "normal" : m == LMK_ROPE_NEOX ? "neox" : m == LMK_ROPE_MROPE ? "mrope"
+           : m == LMK_ROPE_VISION ? "vision" : "imrope";
+}
+
+/* "attn_prologue neox hd=128 nh=32/8 T=37 bf16 qkv norm k->cache(bf16) v // Qwen3-8B". */
+static void set_case(tst_case *c, const ap_case *ac, unsigned flags, const char *model)
+{
+    memcpy(c->p.bytes, ac, sizeof *ac);
+    c->flags = flags;
+    c->T = ac->p.seq_len;
+    c->dtype = ac->dtype;
+    static const char *const layouts[] = {"", " qkv", " q=q|gate"}, *const slots[] = {"", " shuffled", " padded"};
+    char cache[64] = "";
+    if (ac->cache)
+        snprintf(cache, sizeof cache, " cache=%s%s%s%s", lmk_dtype_name(ac->cache_dtype), ac->v ? "+v" : "",
+                 slots[ac->slots], ac->slot_dtype == LMK_I64 ? " slots=i64" : "");
+    tst_case_name(c, "attn_prologue %s hd=%u rd=%u nh=%u/%u T=%u %s%s%s%s%s%s%s%s%s // %s", mode_name(ac->p.mode),
+                  ac->p.head_dim, ac->p.rope_dim, ac->p.n_heads, ac->p.n_k_heads, ac->p.seq_len,
+                  lmk_dtype_name(ac->dtype), layouts[ac->layout], ac->q_in_place ? " q-in-place" : "",
+                  ac->norm ? (ac->weight_offset != 0.0f ? " norm(1+w)" : " norm") : "", ac->k_out ? " k_out" : "",
+                  cache, ac->ff ? " llama3-ff" : "", ac->pos_dtype == LMK_I64 ? " pos=i64" : "",
+                  multi_mode(ac->p.mode) ? " pos=random" : "", model);
+}
+
+/* Fills the fields a table row leaves to defaults. */
+static void complete(ap_case *ac, uint32_t T, lmk_dtype dtype)
+{
+    ac->p.seq_len = T;
+    ac->dtype = dtype;
+    if (!ac->cache_dtype)
+        ac->cache_dtype = dtype;
+    if (!ac->slot_dtype)
+        ac->slot_dtype = LMK_I32;
+    if (!ac->pos_dtype)
+        ac->pos_dtype = LMK_I32;
+    if (!ac->w_dtype)
+        ac->w_dtype = LMK_F32;
+}
+
+static void ap_get_case(int i, tst_case *c)
+{
+    ap_case ac = k_rows[i].c;
+    complete(&ac, k_rows[i].T, k_rows[i].dtype);
+    set_case(c, &ac, k_rows[i].flags, k_rows[i].model);
+}
+
+/* A random valid call: any mode, norm or not, k_out and/or cache, f8 caches, padding slots,
+ * strided inputs, q in place. */
+static void ap_random_case(tst_rng *r, tst_case *c)
+{
+    static const lmk_rope_mode modes[] = {LMK_ROPE_NORMAL, LMK_ROPE_NEOX, LMK_ROPE_MROPE, LMK_ROPE_VISION,
+                                          LMK_ROPE_IMROPE};
+    static const lmk_dtype dts[] = {LMK_F32, LMK_BF16, LMK_F16};
+    ap_case ac = {.p = {.freq_base = 1e4f}};
+    lmk_rope_params *p = &ac.p; /* one draw per statement: the same case from a seed with any compiler */
+    p->head_dim = 2 * (1 + tst_rng_below(r, 64));
+    p->n_heads = 1 + tst_rng_below(r, 8);
+    p->n_k_heads = 1 + tst_rng_below(r, 4);
+    if (tst_rng_below(r, 2))
+        p->freq_base = 1e6f;
+    p->mode = modes[tst_rng_below(r, 5)];
+    p->rope_dim = p->mode == LMK_ROPE_VISION || tst_rng_below(r, 2) ? p->head_dim
+                                                                    : 2 * (1 + tst_rng_below(r, p->head_dim / 2));
+    for (int i = 0; i < 4 && multi_mode(p->mode); i++)
+        p->sections[i] = tst_rng_below(r, 24);
+    p->pairing = p->mode != LMK_ROPE_NORMAL && tst_rng_below(r, 4) == 0 ? LMK_ROPE_PAIR_HALF_HEAD
+                                                                         : LMK_ROPE_PAIR_HALF_ROPE;
+    ac.norm = tst_rng_below(r, 4) != 0;
+    ac.w_dtype = dts[tst_rng_below(r, 3)];
+    ac.eps = tst_rng_below(r, 2) ? 1e-6f : 1e-5f;
+    ac.weight_offset = (float)tst_rng_below(r, 2);
+    ac.cache = tst_rng_below(r, 4) != 0;
+    ac.k_out = !ac.cache || tst_rng_below(r, 2);
+    ac.v = ac.cache && tst_rng_below(r, 3) != 0;
+    ac.v_dim = tst_rng_below(r, 2) ? p->head_dim : 1 + tst_rng_below(r, 64);
+    ac.layout = ac.v && ac.v_dim == p->head_dim && tst_rng_below(r, 2) ? QKV : tst_rng_below(r, 3) == 0 ? QGATE : DENSE;
+    ac.q_in_place = tst_rng_below(r, 3) == 0;
+    ac.k_scale = tst_rng_below(r, 2) ? 0.0f : 0.25f;
+    ac.v_scale = tst_rng_below(r, 2) ? 0.0f : 0.5f;
+    ac.slots = (int)tst_rng_below(r, 3);
+    ac.slot_dtype = tst_rng_below(r, 2) ? LMK_I32 : LMK_I64;
+    ac.pos_dtype = tst_rng_below(r, 3) == 0 ? LMK_I64 : LMK_I32;
+    const uint32_t T = 1 + tst_rng_below(r, 8);
+    ac.n_slots = T + tst_rng_below(r, 8);
+    const lmk_dtype dt = dts[tst_rng_below(r, 3)];
+    ac.cache_dtype = tst_rng_below(r, 3) == 0 ? LMK_F8E4M3 : dt;
+    complete(&ac, T, dt);
+    set_case(c, &ac, 0, "random");
+}
+
+static int ap_bench_cases(uint32_t T, lmk_dtype dtype, bool longest, tst_case *out, int max)
+{
+    (void)longest;
+    if (max < 1)
+        return 0;
+    ap_case ac = {QWEN3, .n_slots = T};
+    complete(&ac, T, dtype);
+    set_case(&out[0], &ac, 0, "Qwen3-8B");
+    return 1;
+}
+
+static size_t n_positions(const ap_case *ac)
+{
+    return (multi_mode(ac->p.mode) ? 4 : 1) * (size_t)ac->p.seq_len;
+}
+
+/* q and k read and written once (k to k_out and/or the cache), v read and written to its cache,
+ * plus weights, positions, slots and freq_factors. */
+static double ap_bytes(const tst_case *c)
+{
+    const ap_case *ac = P(c);
+    const lmk_rope_params *p = &ac->p;
+    const double es = (double)lmk_dtype_size(ac->dtype), ces = (double)lmk_dtype_size(ac->cache_dtype);
+    const double T = p->seq_len, q = T * p->n_heads * p->head_dim, k = T * p->n_k_heads * p->head_dim;
+    const double v = ac->v ? T * p->n_k_heads * ac->v_dim : 0.0;
+    double b = 2.0 * q * es + k * es + (ac->k_out ? k * es : 0.0) + (ac->cache ? k * ces + v * (es + ces) : 0.0);
+    b += (ac->norm ? 2.0 * p->head_dim * (double)lmk_dtype_size(ac->w_dtype) : 0.0) +
+         (double)n_positions(ac) * (double)lmk_dtype_size(ac->pos_dtype) +
+         (ac->cache ? T * (double)lmk_dtype_size(ac->slot_dtype) : 0.0) + (ac->ff ? 2.0 * p->rope_dim : 0.0);
+    return b;
+}
+
+/* ---- on a device ---- */
+
+/* A region of `bytes` with guards; host copy when it holds inputs. */
+static lmk_status region(tst_inst *in, size_t bytes, bool input, int *r)
+{
+    return tst_mem_region(&in->mem, 2 * TST_GUARD + bytes, input, r);
+}
+
+static lmk_status view3(tst_inst *in, int r, size_t at_elems, lmk_dtype t, size_t n0, size_t n1, size_t n2,
+                        const size_t *stride, bool output, lmk_buffer **out)
+{
+    const size_t n[3] = {n0, n1, n2};
+    return tst_mem_view(&in->mem, r, TST_GUARD + at_elems * lmk_dtype_size(t), t, n, stride, output, out);
+}
+
+/* A dense [n0, n1, n2] tensor in a region of its own. */
+static lmk_status dense(tst_inst *in, lmk_dtype t, size_t n0, size_t n1, size_t n2, bool input, bool output,
+                        lmk_buffer **out)
+{
+    int r;
+    lmk_status st = region(in, n0 * n1 * n2 * lmk_dtype_size(t), input, &r);
+    return st == LMK_OK ? view3(in, r, 0, t, n0, n1, n2, NULL, output, out) : st;
+}
+
+/* q, k and v inputs in the case's layout. */
+static lmk_status setup_inputs(tst_inst *in)
+{
+    const ap_case *ac = P(&in->c);
+    const lmk_rope_params *p = &ac->p;
+    const size_t T = p->seq_len, d = p->head_dim, hq = p->n_heads, hk = p->n_k_heads, es = lmk_dtype_size(ac->dtype);
+    lmk_status st = LMK_OK;
+    int r;
+    if (ac->layout == QKV) { /* [T, (Hq + 2 Hk) D]: q, k, v read out of one projection */
+        const size_t row = (hq + 2 * hk) * d, s[3] = {row, d, 1};
+        st = region(in, T * row * es, true, &r);
+        if (st == LMK_OK)
+            st = view3(in, r, 0, ac->dtype, T, hq, d, s, ac->q_in_place, &in->arg[QI]);
+        if (st == LMK_OK)
+            st = view3(in, r, hq * d, ac->dtype, T, hk, d, s, false, &in->arg[KI]);
+        if (st == LMK_OK)
+            st = view3(in, r, (hq + hk) * d, ac->dtype, T, hk, d, s, false, &in->arg[VI]);
+        return st;
+    }
+    if (ac->layout == QGATE) { /* q of [T, Hq, 2D] */
+        const size_t s[3] = {hq * 2 * d, 2 * d, 1};
+        st = region(in, T * hq * 2 * d * es, true, &r);
+        if (st == LMK_OK)
+            st = view3(in, r, 0, ac->dtype, T, hq, d, s, ac->q_in_place, &in->arg[QI]);
+    } else {
+        st = dense(in, ac->dtype, T, hq, d, true, ac->q_in_place, &in->arg[QI]);
+    }
+    if (st == LMK_OK)
+        st = dense(in, ac->dtype, T, hk, d, true, false, &in->arg[KI]);
+    if (st == LMK_OK && ac->v)
+        st = dense(in, ac->dtype, T, hk, ac->v_dim, true, false, &in->arg[VI]);
+    return st;
+}
+
+static lmk_status ap_setup(tst_inst *in)
+{
+    const ap_case *ac = P(&in->c);
+    const lmk_rope_params *p = &ac->p;
+    const size_t T = p->seq_len, d = p->head_dim, hq = p->n_heads, hk = p->n_k_heads;
+    lmk_status st = setup_inputs(in);
+    if (st == LMK_OK && ac->q_in_place)
+        in->arg[QO] = in->arg[QI];
+    else if (st == LMK_OK)
+        st = dense(in, ac->dtype, T, hq, d, false, true, &in->arg[QO]);
+    if (st == LMK_OK && ac->k_out)
+        st = dense(in, ac->dtype, T, hk, d, false, true, &in->arg[KO]);
+    if (st == LMK_OK && ac->norm)
+        st = dense(in, ac->w_dtype, 1, 1, d, true, false, &in->arg[QW]);
+    if (st == LMK_OK && ac->norm)
+        st = dense(in, ac->w_dtype, 1, 1, d, true, false, &in->arg[KW]);
+    if (st == LMK_OK)
+        st = dense(in, ac->pos_dtype, 1, 1, n_positions(ac), true, false, &in->arg[POS]);
+    if (st == LMK_OK && ac->ff)
+        st = dense(in, LMK_F32, 1, 1, p->rope_dim / 2, true, false, &in->arg[FF]);
+    /* Caches hold earlier rows (host copies of random bytes) that unnamed slots must keep. */
+    if (st == LMK_OK && ac->cache)
+        st = dense(in, ac->slot_dtype, 1, 1, T, true, false, &in->arg[SLOTS]);
+    if (st == LMK_OK && ac->cache)
+        st = dense(in, ac->cache_dtype, ac->n_slots, hk, d, true, true, &in->arg[KC]);
+    if (st == LMK_OK && ac->cache && ac->v)
+        st = dense(in, ac->cache_dtype, ac->n_slots, hk, ac->v_dim, true, true, &in->arg[VC]);
+    return st;
+}
+
+/* Cache rows for each token: in order from a random start, shuffled, or with padding (-1 and
+ * n_slots, which write nothing). Distinct, so no two tokens race for a row. */
+static void fill_slots(tst_inst *in, tst_rng *r)
+{
+    const ap_case *ac = P(&in->c);
+    const uint32_t T = ac->p.seq_len, n = ac->n_slots;
+    unsigned char *host = tst_mem_host(&in->mem, in->arg[SLOTS]);
+    int64_t *rows = malloc((n + 2) * sizeof *rows);
+    if (!rows)
+        return;
+    for (uint32_t i = 0; i < n; i++)
+        rows[i] = i;
+    const uint32_t start = tst_rng_below(r, n - T + 1);
+    if (ac->slots != SLOT_SEQ)
+        for (uint32_t i = n - 1; i > 0; i--) { /* Fisher-Yates */
+            const uint32_t j = tst_rng_below(r, i + 1);
+            const int64_t t = rows[i];
+            rows[i] = rows[j];
+            rows[j] = t;
+        }
+    for (uint32_t t = 0; t < T; t++) {
+        int64_t v = ac->slots == SLOT_SEQ ? (int64_t)(start + t) : rows[t];
+        if (ac->slots == SLOT_PADDED && t % 3 == 1)
+            v = t % 2 ? -1 : (int64_t)n;
+        if (ac->slot_dtype == LMK_I64) {
+            memcpy(host + 8 * t, &v, 8);
+        } else {
+            const int32_t v32 = (int32_t)v;
+            memcpy(host + 4 * t, &v32, 4);
+        }
+    }
+    free(rows);
+}
+
+static void fill_positions(tst_inst *in, tst_rng *r)
+{
+    const ap_case *ac = P(&in->c);
+    const size_t count = n_positions(ac);
+    unsigned char *host = tst_mem_host(&in->mem, in->arg[POS]);
+    const int64_t start = tst_rng_below(r, 100000);
+    for (size_t i = 0; i < count; i++) {
+        const int64_t v = multi_mode(ac->p.mode) ? tst_rng_below(r, 65536) : start + (int64_t)(i % ac->p.seq_len);
+        if (ac->pos_dtype == LMK_I64) {
+            memcpy(host + 8 * i, &v, 8);
+        } else {
+            const int32_t v32 = (int32_t)v;
+            memcpy(host + 4 * i, &v32, 4);
+        }
+    }
+}
+
+/* Hugging Face's llama3 rope_scaling (factor 8, low 1, high 4, original context 8192) as
+ * freq_factors: base^(-2p/n) / inv_freq_HF[p]. */
+static void llama3_factors(float *ff, const lmk_rope_params *p)
+{
+    const double factor = 8.0, low = 1.0, high = 4.0, orig = 8192.0, two_pi = 6.283185307179586;
+    for (uint32_t i = 0; i < p->rope_dim / 2; i++) {
+        const double inv = pow((double)p->freq_base, -2.0 * i / p->rope_dim), wavelen = two_pi / inv;
+        double hf = inv;
+        if (wavelen > orig / low)
+            hf = inv / factor;
+        else if (wavelen >= orig / high)
+            hf = (1.0 - (orig / wavelen - low) / (high - low)) * inv / factor +
+                 (orig / wavelen - low) / (high - low) * inv;
+        ff[i] = (float)(inv / hf);
+    }
+}
+
+static void ap_fill(tst_inst *in, tst_rng *r)
+{
+    const ap_case *ac = P(&in->c);
+    const int tensors[] = {QI, KI, VI, QW, KW, KC, VC};
+    for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; i++)
+        if (in->arg[tensors[i]])
+            tst_inst_fill(in, in->arg[tensors[i]], r);
+    fill_positions(in, r);
+    if (ac->cache)
+        fill_slots(in, r);
+    if (ac->ff)
+        llama3_factors(tst_mem_host(&in->mem, in->arg[FF]), &ac->p);
+}
+
+static lmk_attn_prologue_io io_of(const tst_inst *in)
+{
+    const ap_case *ac = P(&in->c);
+    lmk_buffer *const *a = in->arg;
+    return (lmk_attn_prologue_io){.q_in = a[QI], .k_in = a[KI], .v_in = a[VI], .q_norm_w = a[QW], .k_norm_w = a[KW],
+                                  .positions = a[POS], .freq_factors = a[FF], .slots = a[SLOTS], .q_out = a[QO],
+                                  .k_out = a[KO], .k_cache = a[KC], .v_cache = a[VC], .k_scale = ac->k_scale,
+                                  .v_scale = ac->v_scale};
+}
+
+static lmk_status ap_run(const tst_inst *in, lmk_stream *s)
+{
+    const ap_case *ac = P(&in->c);
+    const lmk_attn_prologue_io io = io_of(in);
+    const lmk_rms_norm_params norm = {.eps = ac->eps ? ac->eps : 1e-6f, .weight_offset = ac->weight_offset};
+    return lmk_attn_prologue(s, &io, &ac->p, &norm);
+}
+
+/* ---- verification ---- */
+
+/* What one verification holds: the host arguments of the reference and the outputs read back. */
+typedef struct ap_check {
+    lmk_attn_prologue_args a;
+    unsigned char *got[TST_MAX_REGIONS]; /* read back, per region */
+    double *q64, *k64;                   /* one token of the float64 chain */
+    double max_err, max_ratio;
+} ap_check;
+
+static const unsigned char *got_of(const tst_inst *in, const ap_check *k, int arg)
+{
+    const tst_view *v = tst_mem_find(&in->mem, in->arg[arg]);
+    return k->got[v->region] + v->off;
+}
+
+static lmk_rows host_rows(const tst_inst *in, int arg)
+{
+    const tst_view *v = in->arg[arg] ? tst_mem_find(&in->mem, in->arg[arg]) : NULL;
+    if (!v)
+        return (lmk_rows){.data = NULL, .dtype = LMK_F32};
+    return (lmk_rows){.data = tst_mem_host(&in->mem, in->arg[arg]), .tok = v->stride[0], .head = v->stride[1],
+                      .dtype = v->dtype};
+}
+
+/* The reference's arguments over the host copies, as lmk_attn_prologue_prepare builds them. */
+static lmk_attn_prologue_args host_args(const tst_inst *in)
+{
+    const ap_case *ac = P(&in->c);
+    const tst_mem *m = &in->mem;
+    const lmk_tensor3 rt[4] = {tst_view_host3(m, in->arg[QI]), tst_view_host3(m, in->arg[QO]),
+                               tst_view_host3(m, in->arg[KI]), tst_view_host3(m, in->arg[ac->k_out ? KO : KI])};
+    lmk_attn_prologue_args a = {
+        .rope = lmk_rope_args_for(&ac->p, ac->dtype, rt, true, tst_mem_host(m, in->arg[POS]), ac->pos_dtype,
+                                  in->arg[FF] ? tst_mem_host(m, in->arg[FF]) : NULL),
+        .q_norm_w = in->arg[QW] ? tst_mem_host(m, in->arg[QW]) : NULL,
+        .k_norm_w = in->arg[KW] ? tst_mem_host(m, in->arg[KW]) : NULL,
+        .q_norm_dtype = ac->w_dtype, .k_norm_dtype = ac->w_dtype,
+        .eps = (double)(ac->eps ? ac->eps : 1e-6f), .weight_offset = (double)ac->weight_offset,
+        .v_in = host_rows(in, VI), .v_dim = ac->v_dim,
+        .slots = in->arg[SLOTS] ? tst_mem_host(m, in->arg[SLOTS]) : NULL, .slot_dtype = ac->slot_dtype,
+        .k_cache = host_rows(in, KC), .v_cache = host_rows(in, VC),
+        .k_slots = ac->cache ? ac->n_slots : 0, .v_slots = ac->cache && ac->v ? ac->n_slots : 0,
+        .k_scale = ac->k_scale ? ac->k_scale : 1.0f, .v_scale = ac->v_scale ? ac->v_scale : 1.0f,
+    };
+    return a;
+}
+
+/* Element i of a stored output, widened (f8 codes through lmk_f8e4m3_to_f32). */
+static double stored(lmk_dtype t, const void *base, size_t i)
+{
+    return t == LMK_F8E4M3 ? (double)lmk_f8e4m3_to_f32(((const uint8_t *)base)[i]) : lmk_float_load(t, base, i);
+}
+
+/* One stored element against its float64 value: f32 1e-5 * max(1, |ref|), bf16/f16 one ulp plus
+ * 1e-6, f8 one f8 ulp of the saturated value. */
+static bool close_to(ap_check *k, lmk_dtype t, const void *base, size_t i, double ref)
+{
+    double tol;
+    if (t == LMK_F8E4M3) {
+        ref = ref > 448.0 ? 448.0 : ref < -448.0 ? -448.0 : ref;
+        tol = lmk_ulp(LMK_F8E4M3, ref);
+    } else {
+        tol = t == LMK_F32 ? 1e-5 * fmax(1.0, fabs(ref)) : lmk_ulp(t, ref) + 1e-6;
+    }
+    const double err = fabs(stored(t, base, i) - ref);
+    if (!(err <= tol))
+        return false;
+    k->max_err = fmax(k->max_err, err);
+    k->max_ratio = fmax(k->max_ratio, err / tol);
+    return true;
+}
+
+/* Heads of one token: rows64 (heads x dim) against a [rows, heads, dim] output at row r. */
+static bool rows_close(ap_check *k, const char *what, size_t token, const lmk_rows *out, const unsigned char *got,
+                       size_t r, size_t heads, size_t dim, const double *rows64, double scale, tst_result *res)
+{
+    for (size_t h = 0; h < heads; h++)
+        for (size_t i = 0; i < dim; i++) {
+            const size_t at = r * out->tok + h * out->head + i;
+            if (!close_to(k, out->dtype, got, at, rows64[h * dim + i] / scale)) {
+                snprintf(res->msg, sizeof res->msg, "%s of token %zu, head %zu, elem %zu: %.9g, reference %.9g", what,
+                         token, h, i, stored(out->dtype, got, at), rows64[h * dim + i] / scale);
+                return false;
+            }
+        }
+    return true;
+}
+
+static long long slot_at(const ap_check *k, size_t t)
+{
+    if (k->a.slot_dtype == LMK_I64)
+        return ((const int64_t *)k->a.slots)[t];
+    return ((const int32_t *)k->a.slots)[t];
+}
+
+/* v of token t in its cache row: v's bits, or within one f8 ulp of v / scale. */
+static bool v_row_ok(const tst_inst *in, ap_check *k, size_t t, size_t slot, tst_result *res)
+{
+    const lmk_attn_prologue_args *a = &k->a;
+    const unsigned char *got = got_of(in, k, VC);
+    const size_t es = lmk_dtype_size(a->rope.dtype);
+    for (size_t h = 0; h < a->rope.t[1].n_heads; h++)
+        for (size_t i = 0; i < a->v_dim; i++) {
+            const size_t from = t * a->v_in.tok + h * a->v_in.head + i, to = slot * a->v_cache.tok + h * a->v_cache.head + i;
+            const bool ok = a->v_cache.dtype == LMK_F8E4M3
+                                ? close_to(k, LMK_F8E4M3, got, to, lmk_float_load(a->rope.dtype, a->v_in.data, from) /
+                                                                       (double)a->v_scale)
+                                : memcmp(got + to * es, (const unsigned char *)a->v_in.data + from * es, es) == 0;
+            if (!ok) {
+                snprintf(res->msg, sizeof res->msg, "v_cache row %zu (token %zu), head %zu, elem %zu differs", slot, t,
+                         h, i);
+                return false;
+            }
+        }
+    return true;
+}
+
+/* Every token: q_out, k_out and the cache rows its slot names. */
+static bool check_tokens(const tst_inst *in, ap_check *k, bool *written_k, tst_result *res)
+{
+    const ap_case *ac = P(&in->c);
+    const lmk_attn_prologue_args *a = &k->a;
+    const size_t d = ac->p.head_dim, hq = ac->p.n_heads, hk = ac->p.n_k_heads;
+    const lmk_rows qo = host_rows(in, QO), ko = host_rows(in, KO);
+    for (size_t t = 0; t < ac->p.seq_len; t++) {
+        lmk_ref_attn_prologue_token(a, t, k->q64, k->k64);
+        if (!rows_close(k, "q_out", t, &qo, got_of(in, k, QO), t, hq, d, k->q64, 1.0, res))
+            return false;
+        if (ac->k_out && !rows_close(k, "k_out", t, &ko, got_of(in, k, KO), t, hk, d, k->k64, 1.0, res))
+            return false;
+        if (!ac->cache)
+            continue;
+        const long long slot = slot_at(k, t);
+        if (slot < 0 || (unsigned long long)slot >= ac->n_slots)
+            continue;
+        written_k[slot] = true;
+        if (!rows_close(k, "k_cache", t, &a->k_cache, got_of(in, k, KC), (size_t)slot, hk, d, k->k64,
+                        ac->cache_dtype == LMK_F8E4M3 ? (double)a->k_scale : 1.0, res))
+            return false;
+        if (ac->v && !v_row_ok(in, k, t, (size_t)slot, res))
+            return false;
+    }
+    return true;
+}
+
+/* Cache rows no slot names keep their bytes. */
+static bool unnamed_rows_kept(const tst_inst *in, const ap_check *k, const bool *written, tst_result *res)
+{
+    const int caches[2] = {KC, VC};
+    for (int c = 0; c < 2; c++) {
+        const tst_view *v = in->arg[caches[c]] ? tst_mem_find(&in->mem, in->arg[caches[c]]) : NULL;
+        if (!v)
+            continue;
+        const size_t row = v->stride[0] * lmk_dtype_size(v->dtype);
+        const unsigned char *before = in->mem.r[v->region].host + v->off, *now = got_of(in, k, caches[c]);
+        for (size_t s = 0; s < v->n[0]; s++)
+            if (!written[s] && memcmp(before + s * row, now + s * row, row) != 0) {
+                snprintf(res->msg, sizeof res->msg, "%s row %zu, named by no slot, changed", c ? "v_cache" : "k_cache",
+                         s);
+                return false;
+            }
+    }
+    return true;
+}
+
+static bool ap_verify(const tst_inst *in, tst_result *res)
+{
+    const ap_case *ac = P(&in->c);
+    ap_check k = {.a = host_args(in)};
+    bool *written = calloc(ac->n_slots + 1, sizeof *written);
+    k.q64 = malloc((size_t)ac->p.n_heads * ac->p.head_dim * sizeof *k.q64);
+    k.k64 = malloc((size_t)ac->p.n_k_heads * ac->p.head_dim * sizeof *k.k64);
+    bool ok = written && k.q64 && k.k64;
+    for (int r = 0; r < in->mem.n_r && ok; r++)
+        ok = (k.got[r] = tst_mem_download(&in->mem, r)) != NULL;
+    if (!ok)
+        snprintf(res->msg, sizeof res->msg, "out of host memory or read back failed: %s", lmk_last_error());
+    ok = ok && check_tokens(in, &k, written, res) && unnamed_rows_kept(in, &k, written, res);
+    if (ok)
+        snprintf(res->msg, sizeof res->msg, "max err %.2g (%.2f of tol)%s", k.max_err, k.max_ratio,
+                 ac->v && ac->cache_dtype != LMK_F8E4M3 ? ", v bit-exact" : "");
+    res->max_err = k.max_err;
+    res->max_ratio = k.max_ratio;
+    for (int r = 0; r < TST_MAX_REGIONS; r++)
+        free(k.got[r]);
+    free(k.q64);
+    free(k.k64);
+    free(written);
+    return ok;
+}
+
+/* 0: eps 0; 1: freq_base -1; 2: k goes nowhere (no k_out, no k_cache). */
+static lmk_status ap_invalid(const tst_inst *in, lmk_stream *s, int k, const char **want)
+{
+    const ap_case *ac = P(&in->c);
+    static const char *const wants[] = {"eps", "freq_base", "k_out or k_cache"};
+    *want = wants[k];
+    lmk_attn_prologue_io io = io_of(in);
+    lmk_rope_params p = ac->p;
+    lmk_rms_norm_params norm = {.eps = k == 0 ? 0.0f : 1e-6f, .weight_offset = ac->weight_offset};
+    if (k == 1)
+        p.freq_base = -1.0f;
+    if (k == 2)
+        io.k_out = io.k_cache = NULL;
+    return lmk_attn_prologue(s, &io, &p, &norm);
+}
+
+const tst_op tst_op_attn_prologue = {
+    .name = "attn_prologue",
+    .n_cases = ap_n_cases,
+    .get_case = ap_get_case,
+    .random_case = ap_random_case,
+    .bench_cases = ap_bench_cases,
+    .bytes = ap_bytes,
+    .setup = ap_setup,
+    .fill = ap_fill,
+    .run = ap_run,
+    .verify = ap_verify,
+    .n_invalid = 3,
+    .invalid = ap_invalid,
+    .launches = 1,
+};
