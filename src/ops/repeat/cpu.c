@@ -1,14 +1,16 @@
 /*
  * cpu.c - the CPU fast path of repeat_heads (GQA head broadcast, tiled or block, strided).
  *
- * Dense tiled operands (the 0.1 op) take the block path below; every other layout copies one
- * head row (k elements) at a time through the strides, threads splitting the (token, head) rows.
+ * Dense operands take the block path below; strided ones copy one head row (k elements) at a time
+ * through the strides, threads splitting the (token, head) rows.
  *
  * Dense tiled: dst[t, i, :] = src[t, i % hg, :] means the destination token t is its source token (hg*k
- * elements, `block` bytes) written h/hg times back to back. So the whole op is one sequential
- * write of the destination, in which each source token is read once from memory and re-read
- * from L1 for its other copies: the op moves src + dst bytes, the least possible. Bytes are
- * copied as bytes, so every element size is bit-exact.
+ * elements, `block` bytes) written h/hg times back to back. Dense block: dst[t, i, :] =
+ * src[t, i / (h/hg), :] means each source head row (k elements) is written h/hg times back to back,
+ * so the same path runs with one head row as the block and seq*hg blocks. Either way the whole op
+ * is one sequential write of the destination, in which each source block is read once from memory
+ * and re-read from L1 for its other copies: the op moves src + dst bytes, the least possible. Bytes
+ * are copied as bytes, so every element size is bit-exact.
  *
  * Threads split the destination bytes into contiguous 64-byte-aligned ranges (a range may start
  * or end inside a token, which balances seq = 1 as well as long prompts). Large outputs use
@@ -20,8 +22,8 @@
 typedef struct repeat_job {
     const unsigned char *src;
     unsigned char *dst;
-    size_t block;  /* bytes of one source token, hg*k*elem_size */
-    size_t reps;   /* h / hg: copies of each source token */
+    size_t block;  /* bytes of one source block: a token (hg*k elements) or a head row (k) */
+    size_t reps;   /* h / hg: copies of each source block */
     size_t total;  /* destination bytes */
     int stream;    /* streaming stores: dst and block are 16-byte aligned */
 } repeat_job;
@@ -69,31 +71,33 @@ static void rows_task(void *ctx, int tid, int n_threads)
     }
 }
 
-/* Whether the operands are the dense tiled layout of the 0.1 op (or the same bytes: with hg == h
- * the two layouts agree, and with one head of each nothing depends on the layout). */
-static bool dense_tiled(const lmk_repeat_args *a)
+/* Whether every stride that is used (axes longer than 1) is the dense row-major one. */
+static bool dense(const lmk_repeat_args *a)
 {
-    const bool tiled = a->layout == LMK_REPEAT_TILED || a->hg == a->h || a->hg == 1;
     const bool heads = (a->hg == 1 || a->src_head == a->k) && (a->h == 1 || a->dst_head == a->k);
-    return tiled && heads && (a->seq == 1 || (a->src_tok == a->hg * a->k && a->dst_tok == a->h * a->k));
+    return heads && (a->seq == 1 || (a->src_tok == a->hg * a->k && a->dst_tok == a->h * a->k));
 }
 
 lmk_status lmk_cpu_repeat(lmk_stream *s, const void *args)
 {
     const lmk_repeat_args *a = args;
-    if (!dense_tiled(a)) {
+    if (!dense(a)) {
         lmk_cpu_parallel(s, a->seq * (a->h + a->hg) * a->k * a->elem_size, rows_task, (void *)a);
         return LMK_OK;
     }
-    /* Validation guarantees every size > 0, h % hg == 0 and no overflow of seq*h*k*elem_size. */
+    /* Blocks of a token's hg*k elements whenever the layouts agree (tiled, or hg == h, or
+     * hg == 1); blocks of one head row in the block layout. Validation guarantees every size > 0,
+     * h % hg == 0 and no overflow of seq*h*k*elem_size. */
+    const bool tiled = a->layout == LMK_REPEAT_TILED || a->hg == a->h || a->hg == 1;
+    const size_t n_blocks = tiled ? a->seq : a->seq * a->hg;
     repeat_job j = {
         .src = a->src,
         .dst = a->dst,
-        .block = a->hg * a->k * a->elem_size,
+        .block = (tiled ? a->hg * a->k : a->k) * a->elem_size,
         .reps = a->h / a->hg,
     };
-    j.total = a->seq * j.reps * j.block;
+    j.total = n_blocks * j.reps * j.block;
     j.stream = j.total >= LMK_CPU_STREAM_MIN_BYTES && (uintptr_t)j.dst % 16 == 0 && j.block % 16 == 0;
-    lmk_cpu_parallel(s, j.total + a->seq * j.block, repeat_task, &j);
+    lmk_cpu_parallel(s, j.total + n_blocks * j.block, repeat_task, &j);
     return LMK_OK;
 }
