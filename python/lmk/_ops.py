@@ -19,22 +19,15 @@ _LAYOUTS = {"tiled": 0, "block": 1}
 ROPE_KWARGS = ("rope_dim", "freq_base", "mode", "sections", "pairing", "freq_scale", "ext_factor", "attn_factor",
                "beta_fast", "beta_slow", "n_ctx_orig", "freq_factors")
 
-# Set by lmk.torch_ops when it registers the custom ops: torch.compiler.is_compiling, and the module whose
-# allocating forms (torch.empty + torch.ops.lmk.*) the entry points hand over to while torch.compile traces,
-# since the ctypes path cannot be traced.
-_compiling = None
-_torch_forms = None
-
-
-def _note_torch(obj):
-    """The first torch tensor seen registers torch.ops.lmk.* (torch is imported by then)."""
-    if _torch_forms is None and _arrays.kind_of(obj) == "torch":
-        from . import torch_ops  # noqa: F401
-
-
-def enable_torch_forms(is_compiling, module):
-    global _compiling, _torch_forms
-    _compiling, _torch_forms = is_compiling, module
+def _torch_forms(obj):
+    """lmk.torch_ops while torch.compile traces a call on torch tensors, else None: the ctypes path cannot
+    be traced, so the entry points then hand over to the allocating forms (torch.empty + torch.ops.lmk.*).
+    The first torch tensor seen imports lmk.torch_ops, which registers torch.ops.lmk.* (torch is imported
+    by then); the module comes from the import statement, which torch.compile also follows."""
+    if _arrays.kind_of(obj) != "torch":
+        return None
+    from . import torch_ops
+    return torch_ops if torch_ops.is_compiling() else None
 
 
 def _choice(op, name, value, table):
@@ -135,16 +128,16 @@ def rope(q, positions, *, k=None, rope_dim=None, freq_base=10000.0, mode="neox",
     int32, uint32 or int64. mode: "normal", "neox", "mrope", "imrope", "vision" (or 0, 2, 8, 40, 24).
     rope_dim None: head_dim. sections: up to 4 section sizes (t, h, w, e; missing ones are 0). pairing:
     "half_rope" (Hugging Face) or "half_head". Scaling fields as lmk.h (0 means its default). freq_factors:
-    f32 [rope_dim/2] or None. out / k_out: arrays to write (q / k themselves for in place); None allocates them like q / k.
-    q, k, out and k_out may be strided views whose last axis has stride 1 (e.g. q of a [q | gate]
+    f32 [rope_dim/2] or None. out / k_out: arrays to write (q / k themselves for in place); None allocates
+    them like q / k. q, k, out and k_out may be strided views whose last axis has stride 1 (e.g. q of a [q | gate]
     projection); they are used in place, without copies. Returns q_out, or (q_out, k_out) when k is given.
     """
-    if _compiling is not None and _compiling():
-        return _torch_forms.rope(q, positions, k=k, rope_dim=rope_dim, freq_base=freq_base, mode=mode,
-                                 sections=sections, pairing=pairing, freq_scale=freq_scale, ext_factor=ext_factor,
-                                 attn_factor=attn_factor, beta_fast=beta_fast, beta_slow=beta_slow,
-                                 n_ctx_orig=n_ctx_orig, freq_factors=freq_factors, out=out, k_out=k_out)
-    _note_torch(q)
+    forms = _torch_forms(q)
+    if forms:
+        return forms.rope(q, positions, k=k, rope_dim=rope_dim, freq_base=freq_base, mode=mode, sections=sections,
+                          pairing=pairing, freq_scale=freq_scale, ext_factor=ext_factor, attn_factor=attn_factor,
+                          beta_fast=beta_fast, beta_slow=beta_slow, n_ctx_orig=n_ctx_orig,
+                          freq_factors=freq_factors, out=out, k_out=k_out)
     if k is None and k_out is not None:
         raise ValueError("lmk.rope: k_out was given without k")
     with Call("rope", q, "q") as call:
@@ -175,9 +168,9 @@ def repeat_heads(x, h, *, layout="tiled", out=None):
     repeat_interleave / repeat_kv). out: an array to write; None allocates one like x. x and out may be
     strided views whose last axis has stride 1.
     """
-    if _compiling is not None and _compiling():
-        return _torch_forms.repeat_heads(x, h, layout=layout, out=out)
-    _note_torch(x)
+    forms = _torch_forms(x)
+    if forms:
+        return forms.repeat_heads(x, h, layout=layout, out=out)
     lay = _choice("repeat_heads", "layout", layout, _LAYOUTS)
     with Call("repeat_heads", x, "x") as call:
         xa = call.read(x, "x", raw=True)
@@ -222,12 +215,11 @@ def attn_prologue(q, k, positions, *, v=None, q_norm_w=None, k_norm_w=None, eps=
     """
     if _lib.attn_prologue is None:
         raise LmkError("this liblmk has no attn_prologue (%s)" % _lib.LIBRARY_PATH, "LMK_ERR_UNSUPPORTED")
-    if _compiling is not None and _compiling():
-        return _torch_forms.attn_prologue(q, k, positions, v=v, q_norm_w=q_norm_w, k_norm_w=k_norm_w, eps=eps,
-                                          weight_offset=weight_offset, slots=slots, k_cache=k_cache,
-                                          v_cache=v_cache, k_scale=k_scale, v_scale=v_scale, q_out=q_out,
-                                          k_out=k_out, **rope_kwargs)
-    _note_torch(q)
+    forms = _torch_forms(q)
+    if forms:
+        return forms.attn_prologue(q, k, positions, v=v, q_norm_w=q_norm_w, k_norm_w=k_norm_w, eps=eps,
+                                   weight_offset=weight_offset, slots=slots, k_cache=k_cache, v_cache=v_cache,
+                                   k_scale=k_scale, v_scale=v_scale, q_out=q_out, k_out=k_out, **rope_kwargs)
     unknown = sorted(set(rope_kwargs) - set(ROPE_KWARGS))
     if unknown:
         raise TypeError("lmk.attn_prologue: unexpected keyword argument(s) %s" % ", ".join(unknown))

@@ -23,7 +23,6 @@ dispatch-mode handlers); the Python functions keep lmk's `mode`. The kernels run
 with no synchronisation and no allocation by lmk, so the ops can be captured into CUDA graphs. The fake
 (meta) implementations check the shapes and write nothing.
 """
-import sys
 from typing import List, Optional
 
 import torch
@@ -159,4 +158,4 @@ def attn_prologue(q, k, positions, *, v=None, q_norm_w=None, k_norm_w=None, eps=
     return q_out, k_out
 
 
-_ops.enable_torch_forms(torch.compiler.is_compiling, sys.modules[__name__])
+is_compiling = torch.compiler.is_compiling

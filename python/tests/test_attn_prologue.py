@@ -6,7 +6,7 @@ import pytest
 
 np = pytest.importorskip("numpy")
 import lmk  # noqa: E402
-from ref import f32, rms_norm_ref, rope_ref, rotated_mask, ulp  # noqa: E402
+from ref import rms_norm_ref, rope_ref, rotated_mask, ulp  # noqa: E402
 
 HAS = lmk.has_attn_prologue()
 needs_prologue = pytest.mark.skipif(not HAS, reason="this liblmk has no lmk_attn_prologue yet")
@@ -212,9 +212,9 @@ def test_prologue_torch_bf16(rng, device, f8):
     kc = torch.zeros(n_slots, Hk, D, dtype=cdt, device=device)
     vc = torch.zeros(n_slots, Hk, D, dtype=cdt, device=device)
     ks, vs = (4.0, 0.5) if f8 else (1.0, 1.0)
-    qo, ko = lmk.attn_prologue(t["q"], t["k"], tpos, v=t["v"], q_norm_w=t["wq"], k_norm_w=t["wk"], weight_offset=1.0,
-                               slots=slots, k_cache=kc, v_cache=vc, k_scale=ks, v_scale=vs, k_out=torch.empty_like(t["k"]),
-                               **kw)
+    qo, ko = lmk.attn_prologue(t["q"], t["k"], tpos, v=t["v"], q_norm_w=t["wq"], k_norm_w=t["wk"],
+                               weight_offset=1.0, slots=slots, k_cache=kc, v_cache=vc, k_scale=ks, v_scale=vs,
+                               k_out=torch.empty_like(t["k"]), **kw)
     assert isinstance(qo, torch.Tensor) and qo.device == t["q"].device
     np64 = {n: x.double().cpu().numpy() for n, x in t.items()}
     q_ref = chain_ref(np64["q"], np64["wq"], pos, 1e-6, 1.0, kw)[0]
