@@ -281,7 +281,7 @@ def test_prologue_cuda_graph_replay(rng):
         step()
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, stream=s):
         step()
     for step_i in range(3):  # decode: each replay writes the next cache rows
         slots.copy_(torch.tensor([4 + 3 * step_i, 5 + 3 * step_i, 6 + 3 * step_i]))

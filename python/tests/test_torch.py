@@ -225,6 +225,9 @@ def test_cuda_runs_on_current_stream_without_sync(gen):
     q_new = inputs(gen, q.shape, torch.float32, "cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: device opened, side stream wrapped
+        lmk.rope(q, pos, **kw)
+    side.synchronize()
     with torch.cuda.stream(side):
         torch.cuda._sleep(200_000_000)  # keeps the side stream busy for a while
         q.copy_(q_new)                  # ordered after the sleep, on the side stream only
@@ -254,7 +257,7 @@ def test_cuda_graph_capture_and_replay(gen):
         step()  # warm-up on the capture stream
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, stream=s):
         step()
     for _ in range(2):  # new inputs and positions between replays
         q.copy_(inputs(gen, q.shape, q.dtype, "cuda"))
@@ -276,10 +279,13 @@ def test_cuda_compiled_function_in_graph(gen):
     torch._dynamo.reset()
     f = torch.compile(_layer, fullgraph=True)
     want = _layer(q, k, pos)
-    f(q, k, pos)  # compile and warm up before capture
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        f(q, k, pos)  # compile and warm up on the capture stream
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, stream=s):
         got = f(q, k, pos)
     g.replay()
     torch.cuda.synchronize()
