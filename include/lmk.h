@@ -19,6 +19,12 @@
  *  - An op call validates, then only enqueues work: it performs no heap allocation, no
  *    host-device synchronisation and no host copy, so it is usable on a decode hot path and inside
  *    a captured CUDA graph.
+ *  - Stack: an op call uses at most 16 KiB of the calling thread's stack, whatever the shapes, so
+ *    ops may be called from threads with small stacks (32 KiB ones are tested). On the CPU the
+ *    calling thread runs a share of the work, with tables of fixed size; the bound counts that,
+ *    libm and libc, and the dynamic loader's binding of a symbol on its first call (measured with
+ *    gcc and clang: rope 6-9 KiB, repeat 2 KiB, a rejected call 3-4 KiB). On CUDA the runtime's
+ *    launch frames come on top.
  *  - Results are deterministic: on one device of one build, the same inputs give bit-identical
  *    outputs on every run, whatever the thread count (lmk_device_set_threads, LMK_NUM_THREADS) and
  *    whatever floating-point environment the calling thread has set: its rounding mode

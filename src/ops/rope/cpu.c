@@ -1,25 +1,35 @@
 /*
- * rope_multi.c - the CPU fast path of rope_multi (one tensor, or q and k sharing positions).
+ * cpu.c - the CPU fast path of rope: every mode, scaling, position type and strided layout of
+ * lmk.h's lmk_rope, on one tensor or on q and k sharing positions.
  *
  * Work is split by rows (token-major; within a token the q heads, then the k heads), so each
  * thread computes the cos/sin table of a token once and applies it to every head of both tensors.
  * The table is built in two steps:
- *  - per thread and chunk of pairs: inv_freq(p) = pow(base, -2p/R) in double and the pair's axis
- *    (the same expressions as the reference, so the angles are the reference's own);
- *  - per token: theta = pos * inv_freq in double, reduced by pi/2 in double (two-part Cody-Waite
- *    with FMA, exact to ~1e-21 for |theta| < 2^40) and evaluated with fdlibm's double polynomials
- *    in 8 or 4 lanes, then rounded to f32: the same f32 values as (float)cos/sin from libm on 8M
- *    angles up to 2^40. libm's double sin+cos cost 13 ns a pair on Zen4 (a double reduction
- *    followed by sincosf, 12 ns), a fifth of the memory time of a 24-head token; the vector version
- *    costs 0.8 ns. Angles beyond 2^40 (only reachable with freq_base < 1) use libm for the token.
+ *  - per thread and chunk of pairs: the angle factor freq(p) and the pair's position axis, from
+ *    rope_common.h's lmk_rope_axis_j and lmk_rope_freq (the rules of every mode and of the YaRN
+ *    ramp and freq_factors live there once);
+ *  - per token: theta = pos * freq in double, reduced by pi/2 in double (two-part Cody-Waite with
+ *    FMA, exact to ~1e-21 for |theta| < 2^40) and evaluated with fdlibm's double polynomials in 8
+ *    or 4 lanes, multiplied by m (lmk.h's magnitude; skipped at m == 1) and rounded to f32: the
+ *    same f32 values as (float)cos/sin from libm on 8M angles up to 2^40. libm's double sin+cos
+ *    cost 13 ns a pair on Zen4 (a double reduction followed by sincosf, 12 ns), a fifth of the
+ *    memory time of a 24-head token; the vector version costs 0.8 ns. Angles beyond 2^40 (i64
+ *    positions, freq_base < 1) use libm for the token.
  * Rows are then rotated in f32 with AVX-512 or AVX2 (chosen at device open), loading bf16/f16 by
  * widening and storing with round-to-nearest-even that gives the same bits as lmk_f32_to_bf16 /
- * lmk_f32_to_f16 (NaN included). Elements outside the rotated pairs are byte copies (nothing to do
- * in place). Large out-of-place outputs whose segments are all 64-byte aligned (every real model
- * shape) are written with streaming stores. The portable path is scalar C with libm angles.
+ * lmk_f32_to_f16 (NaN included). Split pairs (x[p], x[p + pair_stride]) rotate a vector of a's
+ * against a vector of b's; NORMAL's adjacent pairs (x[2p], x[2p+1]) rotate one vector of both,
+ * with cos/sin duplicated into lane pairs and the pair swapped in-lane. A row is contiguous
+ * whatever the token and head strides, so strided operands (q in [q | gate], q and k in place in
+ * a packed QKV buffer) take the same kernels. Elements outside the rotated pairs are byte copies
+ * (nothing to do in place). Large out-of-place outputs whose every vector store and copied segment
+ * starts on a cache line (every real model shape, dense or with line-multiple strides) are written
+ * with streaming stores. The portable path is scalar C with libm angles.
  *
- * Stack use per thread is a fixed 25 KB table of PAIRS_PER_CHUNK pairs; rope_dim beyond that is
- * processed chunk by chunk, so no size ever reaches a VLA or the heap.
+ * Stack: the table holds PAIRS_PER_CHUNK = 128 pairs (3.2 KB), which covers rope_dim <= 256 (every
+ * real model) in one pass; larger rope_dim is processed chunk by chunk. With the frames around it
+ * an op stays within lmk.h's stack bound on the calling thread (share 0 runs there), and no size
+ * ever reaches a VLA or the heap. tests/test_small_stack.c measures it.
  */
 #include "cpu/cpu.h"
 #include "ops/rope/rope.h"
@@ -27,9 +37,19 @@
 
 #include <math.h>
 
-#define PAIRS_PER_CHUNK 1024
+#define PAIRS_PER_CHUNK 128
 /* Angles up to this use the vector reduction; beyond it libm (see above). */
 #define THETA_VECTOR_MAX 0x1p40
+
+/* One tensor of a launch, strides in bytes. */
+typedef struct rope_tensor_job {
+    const unsigned char *in;
+    unsigned char *out;
+    size_t heads;
+    size_t in_tok, in_head, out_tok, out_head;
+    int in_place;
+    int stream; /* streaming stores for this tensor's output */
+} rope_tensor_job;
 
 typedef struct rope_job {
     lmk_cpu_isa isa;
@@ -37,42 +57,43 @@ typedef struct rope_job {
     size_t es;                  /* bytes per element */
     size_t head_dim, half;      /* elements; half = rope_dim / 2 pairs */
     size_t stride;              /* element distance from a pair's first element to its second */
+    int interleaved;            /* NORMAL: pair p is (2p, 2p+1) */
     size_t seq, rows_per_token; /* rows: seq * (heads of q + heads of k) */
-    double base, rope_dim;
-    int mode;
-    uint32_t sections[4];
-    const int32_t *positions;
+    const lmk_rope_angle *angle;
     int n_tensors;
-    const unsigned char *in[2];
-    unsigned char *out[2];
-    size_t heads[2];
-    int in_place[2];
-    int stream[2];              /* streaming stores for this tensor's output */
+    rope_tensor_job t[2];
 } rope_job;
 
 typedef struct rope_table {
     float cos[PAIRS_PER_CHUNK], sin[PAIRS_PER_CHUNK];
-    double inv_freq[PAIRS_PER_CHUNK], theta[PAIRS_PER_CHUNK];
+    double freq[PAIRS_PER_CHUNK], theta[PAIRS_PER_CHUNK];
     unsigned char axis[PAIRS_PER_CHUNK];
-    double max_inv_freq;
+    double max_freq; /* max |freq| of the chunk */
 } rope_table;
 
-/* A run of consecutive rows of one tensor (heads of one token, adjacent in memory) and what to do
- * to them. Offsets are in bytes. */
+/* In place: which row to prefetch next (the run's k-th row prefetches the tensor's row `ahead`
+ * rows later in (token, head) order). */
+typedef struct rope_prefetch {
+    const unsigned char *base; /* out + the rotated pairs' byte offset in a row */
+    size_t tok, head;          /* the next row to prefetch; tok == seq: none */
+    size_t heads, seq, tok_bytes, head_bytes;
+    size_t len, b_bytes;       /* bytes of the a segment; its b segment b_bytes on (0: none) */
+} rope_prefetch;
+
+/* A run of consecutive heads of one token of one tensor and what to do to them. Offsets in bytes. */
 typedef struct rope_rows {
     const unsigned char *in;
     unsigned char *out;
-    size_t n_rows, row_bytes;
-    size_t b_bytes;      /* from a pair's first element to its second */
-    size_t p0, n;        /* rotate pairs [p0, p0 + n) with cos/sin c[0..n), s[0..n) */
+    size_t n_rows, in_rb, out_rb; /* rows, and bytes from a row to the next (head strides) */
+    size_t a0, b_bytes; /* the chunk's first a element; from a pair's a to its b */
+    size_t n;           /* rotate the chunk's n pairs with cos/sin c[0..n), s[0..n) */
     const float *c, *s;
-    int copy;            /* copy the two gaps [gap[g][0], gap[g][1]) of each row */
-    int nt;              /* streaming stores (every segment is whole cache lines) */
+    int copy;           /* copy the two gaps [gap[g][0], gap[g][1]) of each row */
+    int nt;             /* streaming stores (every segment is whole cache lines) */
     size_t gap[2][2];
-    size_t ahead;        /* in place: prefetch the pairs of the row this far ahead (0: off) */
-    size_t rows_left;    /* rows of the tensor from the run's first to the tensor's end */
+    int prefetch;
+    rope_prefetch pf;
 } rope_rows;
-
 /* ---- angles ---- */
 
 #if LMK_CPU_X86
@@ -88,10 +109,12 @@ static const double k_c1 = 4.16666666666666019037e-02, k_c2 = -1.388888888887410
                     k_c5 = 2.08757232129817482790e-09, k_c6 = -1.13596475577881948265e-11;
 
 /* k = round(theta * 2/pi) by the 1.5*2^52 trick: its low mantissa bits are k mod 4 (the
- * quadrant); r = theta - k*pi/2 in [-pi/4, pi/4]; then sin/cos of theta are +-sin/cos of r. */
-LMK_TARGET_AVX512 static void sincos_avx512(const double *theta, float *c, float *s, size_t n)
+ * quadrant); r = theta - k*pi/2 in [-pi/4, pi/4]; then sin/cos of theta are +-sin/cos of r.
+ * c = m*cos, s = m*sin, the product in double (skipped at m == 1). */
+LMK_TARGET_AVX512 static void sincos_avx512(const double *theta, float *c, float *s, size_t n, double m)
 {
-    const __m512d two_pi = _mm512_set1_pd(k_2_pi), round = _mm512_set1_pd(k_round);
+    const __m512d two_pi = _mm512_set1_pd(k_2_pi), round = _mm512_set1_pd(k_round), mv = _mm512_set1_pd(m);
+    const int scaled = m != 1.0;
     const __m512i one = _mm512_set1_epi64(1), two = _mm512_set1_epi64(2);
     for (size_t i = 0; i < n; i += 8) {
         const __m512d x = _mm512_loadu_pd(theta + i);
@@ -119,14 +142,19 @@ LMK_TARGET_AVX512 static void sincos_avx512(const double *theta, float *c, float
         const __m512i cv = _mm512_castpd_si512(_mm512_mask_blend_pd(odd, cr, sr));
         const __m512i sneg = _mm512_slli_epi64(_mm512_and_si512(q, two), 62);
         const __m512i cneg = _mm512_slli_epi64(_mm512_and_si512(_mm512_add_epi64(q, one), two), 62);
-        _mm256_storeu_ps(s + i, _mm512_cvtpd_ps(_mm512_castsi512_pd(_mm512_xor_si512(sv, sneg))));
-        _mm256_storeu_ps(c + i, _mm512_cvtpd_ps(_mm512_castsi512_pd(_mm512_xor_si512(cv, cneg))));
+        __m512d sd = _mm512_castsi512_pd(_mm512_xor_si512(sv, sneg));
+        __m512d cd = _mm512_castsi512_pd(_mm512_xor_si512(cv, cneg));
+        if (scaled)
+            sd = _mm512_mul_pd(sd, mv), cd = _mm512_mul_pd(cd, mv);
+        _mm256_storeu_ps(s + i, _mm512_cvtpd_ps(sd));
+        _mm256_storeu_ps(c + i, _mm512_cvtpd_ps(cd));
     }
 }
 
-LMK_TARGET_AVX2 static void sincos_avx2(const double *theta, float *c, float *s, size_t n)
+LMK_TARGET_AVX2 static void sincos_avx2(const double *theta, float *c, float *s, size_t n, double m)
 {
-    const __m256d two_pi = _mm256_set1_pd(k_2_pi), round = _mm256_set1_pd(k_round);
+    const __m256d two_pi = _mm256_set1_pd(k_2_pi), round = _mm256_set1_pd(k_round), mv = _mm256_set1_pd(m);
+    const int scaled = m != 1.0;
     const __m256i one = _mm256_set1_epi64x(1), two = _mm256_set1_epi64x(2);
     for (size_t i = 0; i < n; i += 4) {
         const __m256d x = _mm256_loadu_pd(theta + i);
@@ -155,55 +183,68 @@ LMK_TARGET_AVX2 static void sincos_avx2(const double *theta, float *c, float *s,
         const __m256i cv = _mm256_castpd_si256(_mm256_blendv_pd(cr, sr, odd));
         const __m256i sneg = _mm256_slli_epi64(_mm256_and_si256(q, two), 62);
         const __m256i cneg = _mm256_slli_epi64(_mm256_and_si256(_mm256_add_epi64(q, one), two), 62);
-        _mm_storeu_ps(s + i, _mm256_cvtpd_ps(_mm256_castsi256_pd(_mm256_xor_si256(sv, sneg))));
-        _mm_storeu_ps(c + i, _mm256_cvtpd_ps(_mm256_castsi256_pd(_mm256_xor_si256(cv, cneg))));
+        __m256d sd = _mm256_castsi256_pd(_mm256_xor_si256(sv, sneg));
+        __m256d cd = _mm256_castsi256_pd(_mm256_xor_si256(cv, cneg));
+        if (scaled)
+            sd = _mm256_mul_pd(sd, mv), cd = _mm256_mul_pd(cd, mv);
+        _mm_storeu_ps(s + i, _mm256_cvtpd_ps(sd));
+        _mm_storeu_ps(c + i, _mm256_cvtpd_ps(cd));
     }
 }
 #endif
 
-/* inv_freq and axis of pairs [p0, p0 + n): once per thread and chunk. */
+/* freq and axis of pairs [p0, p0 + n): once per thread and chunk. */
 static void fill_freqs(const rope_job *j, rope_table *tb, size_t p0, size_t n)
 {
-    tb->max_inv_freq = 0;
+    const lmk_rope_angle *g = j->angle;
+    tb->max_freq = 0;
     for (size_t i = 0; i < n; i++) {
-        const size_t p = p0 + i;
-        tb->inv_freq[i] = pow(j->base, -2.0 * (double)p / j->rope_dim);
-        uint32_t jx;
-        tb->axis[i] = (unsigned char)lmk_rope_axis_j(j->mode, j->sections, (uint32_t)p, &jx);
-        if (tb->inv_freq[i] > tb->max_inv_freq)
-            tb->max_inv_freq = tb->inv_freq[i];
+        const uint32_t p = (uint32_t)(p0 + i);
+        uint32_t e;
+        tb->axis[i] = (unsigned char)lmk_rope_axis_j((int)g->mode, g->sections, p, &e);
+        const double ff = g->freq_factors ? (double)g->freq_factors[p] : 1.0;
+        tb->freq[i] = lmk_rope_freq(g->freq_base, g->exp_n, g->freq_scale, g->ext_factor, g->ramp_low, g->ramp_high,
+                                    p, e, ff);
+        /* an infinite freq makes the product below inf or NaN, so that token goes to libm */
+        if (fabs(tb->freq[i]) > tb->max_freq)
+            tb->max_freq = fabs(tb->freq[i]);
     }
     for (size_t i = n; i < (n + 7) / 8 * 8; i++) /* the vector tail reads whole groups of 8 */
-        tb->inv_freq[i] = 0, tb->axis[i] = 0;
+        tb->freq[i] = 0, tb->axis[i] = 0;
 }
 
-/* cos/sin of every pair of the chunk for one token. */
+/* m*cos and m*sin of every pair of the chunk for one token. */
 static void fill_angles(const rope_job *j, rope_table *tb, size_t n, size_t token)
 {
+    const lmk_rope_angle *g = j->angle;
     double pos[4], max_pos = 0;
-    for (int a = 0; a < 4; a++) {
-        pos[a] = (double)j->positions[(size_t)a * j->seq + token];
+    for (int a = 0; a < 4; a++) { /* pos_axis_stride 0 (NORMAL, NEOX): every axis is the token's one */
+        pos[a] = lmk_rope_pos(g->positions, (int)g->pos_dtype, (uint64_t)a * g->pos_axis_stride + token);
         if (fabs(pos[a]) > max_pos)
             max_pos = fabs(pos[a]);
     }
     const size_t n8 = (n + 7) / 8 * 8;
     for (size_t i = 0; i < n8; i++)
-        tb->theta[i] = pos[tb->axis[i]] * tb->inv_freq[i];
+        tb->theta[i] = pos[tb->axis[i]] * tb->freq[i];
+    const double m = g->mscale;
 #if LMK_CPU_X86
-    if (max_pos * tb->max_inv_freq <= THETA_VECTOR_MAX) {
+    if (max_pos * tb->max_freq <= THETA_VECTOR_MAX) {
         if (j->isa == LMK_CPU_AVX512) {
-            sincos_avx512(tb->theta, tb->cos, tb->sin, n8);
+            sincos_avx512(tb->theta, tb->cos, tb->sin, n8, m);
             return;
         }
         if (j->isa == LMK_CPU_AVX2) {
-            sincos_avx2(tb->theta, tb->cos, tb->sin, n8);
+            sincos_avx2(tb->theta, tb->cos, tb->sin, n8, m);
             return;
         }
     }
 #endif
     for (size_t i = 0; i < n; i++) {
-        tb->cos[i] = (float)cos(tb->theta[i]);
-        tb->sin[i] = (float)sin(tb->theta[i]);
+        double c = cos(tb->theta[i]), s = sin(tb->theta[i]);
+        if (m != 1.0)
+            c *= m, s *= m;
+        tb->cos[i] = (float)c;
+        tb->sin[i] = (float)s;
     }
 }
 
@@ -243,41 +284,46 @@ LMK_INLINE void store_scalar(lmk_dtype dt, unsigned char *p, float f)
     memcpy(p, &h, 2);
 }
 
-LMK_INLINE void rotate_scalar_dt(lmk_dtype dt, size_t es, const unsigned char *ia, const unsigned char *ib,
+/* Pair i's a at ia + i*step, its b at ib + i*step (step: es split, 2*es interleaved). */
+LMK_INLINE void rotate_scalar_dt(lmk_dtype dt, size_t step, const unsigned char *ia, const unsigned char *ib,
                                  unsigned char *oa, unsigned char *ob, const float *c, const float *s, size_t i0,
                                  size_t n)
 {
     for (size_t i = i0; i < n; i++) {
-        const float a = load_scalar(dt, ia + i * es), b = load_scalar(dt, ib + i * es);
-        store_scalar(dt, oa + i * es, a * c[i] - b * s[i]);
-        store_scalar(dt, ob + i * es, a * s[i] + b * c[i]);
+        const float a = load_scalar(dt, ia + i * step), b = load_scalar(dt, ib + i * step);
+        store_scalar(dt, oa + i * step, a * c[i] - b * s[i]);
+        store_scalar(dt, ob + i * step, a * s[i] + b * c[i]);
     }
 }
 
-/* Rotates pairs [i0, n) of the chunk: a at ia[i], b at ib[i] (element indices), cos/sin c[i], s[i].
- * The portable path and the vector kernels' tails. One loop per dtype, so f32 vectorises. */
-static void rotate_scalar(lmk_dtype dt, size_t es, const unsigned char *ia, const unsigned char *ib,
-                          unsigned char *oa, unsigned char *ob, const float *c, const float *s, size_t i0, size_t n)
+/* Rotates pairs [i0, n) of the chunk of one row: the portable path and the vector kernels' tails.
+ * One loop per dtype and layout with a constant step, so f32 split pairs vectorise. */
+static void rotate_scalar(lmk_dtype dt, int il, const unsigned char *ia, const unsigned char *ib, unsigned char *oa,
+                          unsigned char *ob, const float *c, const float *s, size_t i0, size_t n)
 {
     if (dt == LMK_F32)
-        rotate_scalar_dt(LMK_F32, 4, ia, ib, oa, ob, c, s, i0, n);
+        il ? rotate_scalar_dt(LMK_F32, 8, ia, ib, oa, ob, c, s, i0, n)
+           : rotate_scalar_dt(LMK_F32, 4, ia, ib, oa, ob, c, s, i0, n);
     else if (dt == LMK_BF16)
-        rotate_scalar_dt(LMK_BF16, 2, ia, ib, oa, ob, c, s, i0, n);
+        il ? rotate_scalar_dt(LMK_BF16, 4, ia, ib, oa, ob, c, s, i0, n)
+           : rotate_scalar_dt(LMK_BF16, 2, ia, ib, oa, ob, c, s, i0, n);
     else
-        rotate_scalar_dt(LMK_F16, 2, ia, ib, oa, ob, c, s, i0, n);
-    (void)es;
+        il ? rotate_scalar_dt(LMK_F16, 4, ia, ib, oa, ob, c, s, i0, n)
+           : rotate_scalar_dt(LMK_F16, 2, ia, ib, oa, ob, c, s, i0, n);
 }
 
-/* Copies row k's elements that no pair touches: [half, stride) and [stride + half, head_dim) (the
- * first is empty in the Hugging Face pairing). */
+/* Copies row k's elements that no pair touches (split: [half, stride) and [stride + half,
+ * head_dim), the first empty in the Hugging Face pairing; interleaved: [rope_dim, head_dim)). */
 static inline void copy_gaps(const rope_rows *r, size_t k, int nt)
 {
     for (int g = 0; g < 2; g++) {
-        const size_t a = k * r->row_bytes + r->gap[g][0], n = r->gap[g][1] - r->gap[g][0];
+        const size_t n = r->gap[g][1] - r->gap[g][0];
+        unsigned char *o = r->out + k * r->out_rb + r->gap[g][0];
+        const unsigned char *i = r->in + k * r->in_rb + r->gap[g][0];
         if (nt)
-            lmk_cpu_stream_copy(r->out + a, r->in + a, n);
+            lmk_cpu_stream_copy(o, i, n);
         else if (n)
-            memcpy(r->out + a, r->in + a, n);
+            memcpy(o, i, n);
     }
 }
 
@@ -286,21 +332,34 @@ static inline void copy_gaps(const rope_rows *r, size_t k, int nt)
  * Prefetching the pairs of the row ~16 KB ahead, with write intent since they will be stored,
  * cut in-place Qwen Q times by 15-25% (paired cold runs, median ratio 0.74 f32, 0.85 bf16; 4 KB
  * and 64 KB ahead did about as well). Out of place the rows are read whole, the hardware streams
- * them, and prefetching changed nothing. */
-static inline void prefetch_row(const rope_rows *r, size_t k, size_t es)
+ * them, and prefetching changed nothing. The target walks the tensor's rows in (token, head)
+ * order through the strides, so it never leaves the tensor. */
+static inline void prefetch_row(rope_prefetch *f)
 {
-    if (!r->ahead || k + r->ahead >= r->rows_left)
+    if (f->tok >= f->seq)
         return;
-    const unsigned char *a = r->out + (k + r->ahead) * r->row_bytes + r->p0 * es;
-    for (size_t l = 0; l < r->n * es; l += 64) {
+    const unsigned char *a = f->base + f->tok * f->tok_bytes + f->head * f->head_bytes;
+    for (size_t l = 0; l < f->len; l += 64) {
         __builtin_prefetch(a + l, 1, 3);
-        __builtin_prefetch(a + r->b_bytes + l, 1, 3);
+        if (f->b_bytes)
+            __builtin_prefetch(a + f->b_bytes + l, 1, 3);
     }
+    if (++f->head == f->heads)
+        f->head = 0, f->tok++;
 }
 
-/* ---- rows: AVX-512 and AVX2. dt and nt are constants in every instantiation below. ---- */
+/* ---- rows: AVX-512 and AVX2. dt, nt and il are constants in every instantiation below. ---- */
 
 #if LMK_CPU_X86
+/* The pair loops are inlined into each instantiation when optimizing. At -O0 nothing is folded:
+ * each inlined copy would keep every dtype branch's vector temporaries in its own stack slots (60
+ * KB for the six copies of a layout), so they stay functions there and the stack bound holds. */
+#ifdef __OPTIMIZE__
+#define PAIRS_KERNEL LMK_INLINE
+#else
+#define PAIRS_KERNEL static
+#endif
+
 LMK_INLINE LMK_TARGET_AVX512 __m512 load16(const unsigned char *p, lmk_dtype dt)
 {
     if (dt == LMK_F32)
@@ -336,34 +395,74 @@ LMK_INLINE LMK_TARGET_AVX512 void store16(unsigned char *p, __m512 v, lmk_dtype 
         _mm256_storeu_si256((__m256i *)(void *)p, h);
 }
 
-LMK_INLINE LMK_TARGET_AVX512 void rows16(lmk_dtype dt, int nt, size_t es, const rope_rows *r)
+/* Split pairs, 16 at a time: a vector of a's against a vector of b's. Returns the pairs done. */
+PAIRS_KERNEL LMK_TARGET_AVX512 size_t split16(lmk_dtype dt, int nt, size_t es, const unsigned char *ia,
+                                            const unsigned char *ib, unsigned char *oa, unsigned char *ob,
+                                            const float *cs, const float *sn, size_t n)
 {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 a = load16(ia + i * es, dt), b = load16(ib + i * es, dt);
+        const __m512 c = _mm512_loadu_ps(cs + i), s = _mm512_loadu_ps(sn + i);
+        store16(oa + i * es, _mm512_fmsub_ps(a, c, _mm512_mul_ps(b, s)), dt, nt);
+        store16(ob + i * es, _mm512_fmadd_ps(a, s, _mm512_mul_ps(b, c)), dt, nt);
+    }
+    return i;
+}
+
+/* Adjacent pairs, 8 (16 elements) at a time: out = x * (c, c) + swap(x) * (-s, s) per pair, with
+ * cos/sin duplicated into lane pairs; the even lanes are exactly split16's a*c - b*s. */
+PAIRS_KERNEL LMK_TARGET_AVX512 size_t adjacent16(lmk_dtype dt, int nt, size_t es, const unsigned char *ia,
+                                               unsigned char *oa, const float *cs, const float *sn, size_t n)
+{
+    const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i neg_even = _mm512_set1_epi64(0x80000000); /* sign bit of lanes 0, 2, 4, ... */
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m512 x = load16(ia + 2 * i * es, dt);
+        const __m512 c = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(cs + i)));
+        const __m512 s = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(sn + i)));
+        const __m512 sa = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(s), neg_even));
+        store16(oa + 2 * i * es, _mm512_fmadd_ps(x, c, _mm512_mul_ps(_mm512_permute_ps(x, 0xB1), sa)), dt, nt);
+    }
+    return i;
+}
+
+LMK_INLINE LMK_TARGET_AVX512 void rows16(lmk_dtype dt, int nt, int il, size_t es, const rope_rows *r)
+{
+    rope_prefetch pf = r->pf;
     for (size_t k = 0; k < r->n_rows; k++) {
-        prefetch_row(r, k, es);
-        const unsigned char *ia = r->in + k * r->row_bytes + r->p0 * es, *ib = ia + r->b_bytes;
-        unsigned char *oa = r->out + k * r->row_bytes + r->p0 * es, *ob = oa + r->b_bytes;
-        size_t i = 0;
-        for (; i + 16 <= r->n; i += 16) {
-            const __m512 a = load16(ia + i * es, dt), b = load16(ib + i * es, dt);
-            const __m512 c = _mm512_loadu_ps(r->c + i), s = _mm512_loadu_ps(r->s + i);
-            store16(oa + i * es, _mm512_fmsub_ps(a, c, _mm512_mul_ps(b, s)), dt, nt);
-            store16(ob + i * es, _mm512_fmadd_ps(a, s, _mm512_mul_ps(b, c)), dt, nt);
-        }
+        if (r->prefetch)
+            prefetch_row(&pf);
+        const unsigned char *ia = r->in + k * r->in_rb + r->a0, *ib = ia + r->b_bytes;
+        unsigned char *oa = r->out + k * r->out_rb + r->a0, *ob = oa + r->b_bytes;
+        const size_t i = il ? adjacent16(dt, nt, es, ia, oa, r->c, r->s, r->n)
+                            : split16(dt, nt, es, ia, ib, oa, ob, r->c, r->s, r->n);
         if (i < r->n) /* never with nt: its segments are whole cache lines */
-            rotate_scalar(dt, es, ia, ib, oa, ob, r->c, r->s, i, r->n);
+            rotate_scalar(dt, il, ia, ib, oa, ob, r->c, r->s, i, r->n);
         if (r->copy)
             copy_gaps(r, k, nt);
     }
 }
 
-LMK_TARGET_AVX512 static void rows_avx512(lmk_dtype dt, const rope_rows *r)
+LMK_TARGET_AVX512 static void rows_avx512_split(lmk_dtype dt, const rope_rows *r)
 {
     if (dt == LMK_F32)
-        r->nt ? rows16(LMK_F32, 1, 4, r) : rows16(LMK_F32, 0, 4, r);
+        r->nt ? rows16(LMK_F32, 1, 0, 4, r) : rows16(LMK_F32, 0, 0, 4, r);
     else if (dt == LMK_BF16)
-        r->nt ? rows16(LMK_BF16, 1, 2, r) : rows16(LMK_BF16, 0, 2, r);
+        r->nt ? rows16(LMK_BF16, 1, 0, 2, r) : rows16(LMK_BF16, 0, 0, 2, r);
     else
-        r->nt ? rows16(LMK_F16, 1, 2, r) : rows16(LMK_F16, 0, 2, r);
+        r->nt ? rows16(LMK_F16, 1, 0, 2, r) : rows16(LMK_F16, 0, 0, 2, r);
+}
+
+LMK_TARGET_AVX512 static void rows_avx512_adjacent(lmk_dtype dt, const rope_rows *r)
+{
+    if (dt == LMK_F32)
+        r->nt ? rows16(LMK_F32, 1, 1, 4, r) : rows16(LMK_F32, 0, 1, 4, r);
+    else if (dt == LMK_BF16)
+        r->nt ? rows16(LMK_BF16, 1, 1, 2, r) : rows16(LMK_BF16, 0, 1, 2, r);
+    else
+        r->nt ? rows16(LMK_F16, 1, 1, 2, r) : rows16(LMK_F16, 0, 1, 2, r);
 }
 
 LMK_INLINE LMK_TARGET_AVX2 __m256 load8(const unsigned char *p, lmk_dtype dt)
@@ -403,50 +502,119 @@ LMK_INLINE LMK_TARGET_AVX2 void store8(unsigned char *p, __m256 v, lmk_dtype dt,
         _mm_storeu_si128((__m128i *)(void *)p, h);
 }
 
-LMK_INLINE LMK_TARGET_AVX2 void rows8(lmk_dtype dt, int nt, size_t es, const rope_rows *r)
+PAIRS_KERNEL LMK_TARGET_AVX2 size_t split8(lmk_dtype dt, int nt, size_t es, const unsigned char *ia,
+                                         const unsigned char *ib, unsigned char *oa, unsigned char *ob,
+                                         const float *cs, const float *sn, size_t n)
 {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 a = load8(ia + i * es, dt), b = load8(ib + i * es, dt);
+        const __m256 c = _mm256_loadu_ps(cs + i), s = _mm256_loadu_ps(sn + i);
+        store8(oa + i * es, _mm256_fmsub_ps(a, c, _mm256_mul_ps(b, s)), dt, nt);
+        store8(ob + i * es, _mm256_fmadd_ps(a, s, _mm256_mul_ps(b, c)), dt, nt);
+    }
+    return i;
+}
+
+PAIRS_KERNEL LMK_TARGET_AVX2 size_t adjacent8(lmk_dtype dt, int nt, size_t es, const unsigned char *ia,
+                                            unsigned char *oa, const float *cs, const float *sn, size_t n)
+{
+    const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    const __m256 neg_even = _mm256_castsi256_ps(_mm256_set1_epi64x(0x80000000));
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const __m256 x = load8(ia + 2 * i * es, dt);
+        const __m256 c = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(cs + i)), dup);
+        const __m256 s = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sn + i)), dup);
+        const __m256 sa = _mm256_xor_ps(s, neg_even);
+        store8(oa + 2 * i * es, _mm256_fmadd_ps(x, c, _mm256_mul_ps(_mm256_permute_ps(x, 0xB1), sa)), dt, nt);
+    }
+    return i;
+}
+
+LMK_INLINE LMK_TARGET_AVX2 void rows8(lmk_dtype dt, int nt, int il, size_t es, const rope_rows *r)
+{
+    rope_prefetch pf = r->pf;
     for (size_t k = 0; k < r->n_rows; k++) {
-        prefetch_row(r, k, es);
-        const unsigned char *ia = r->in + k * r->row_bytes + r->p0 * es, *ib = ia + r->b_bytes;
-        unsigned char *oa = r->out + k * r->row_bytes + r->p0 * es, *ob = oa + r->b_bytes;
-        size_t i = 0;
-        for (; i + 8 <= r->n; i += 8) {
-            const __m256 a = load8(ia + i * es, dt), b = load8(ib + i * es, dt);
-            const __m256 c = _mm256_loadu_ps(r->c + i), s = _mm256_loadu_ps(r->s + i);
-            store8(oa + i * es, _mm256_fmsub_ps(a, c, _mm256_mul_ps(b, s)), dt, nt);
-            store8(ob + i * es, _mm256_fmadd_ps(a, s, _mm256_mul_ps(b, c)), dt, nt);
-        }
+        if (r->prefetch)
+            prefetch_row(&pf);
+        const unsigned char *ia = r->in + k * r->in_rb + r->a0, *ib = ia + r->b_bytes;
+        unsigned char *oa = r->out + k * r->out_rb + r->a0, *ob = oa + r->b_bytes;
+        const size_t i = il ? adjacent8(dt, nt, es, ia, oa, r->c, r->s, r->n)
+                            : split8(dt, nt, es, ia, ib, oa, ob, r->c, r->s, r->n);
         if (i < r->n)
-            rotate_scalar(dt, es, ia, ib, oa, ob, r->c, r->s, i, r->n);
+            rotate_scalar(dt, il, ia, ib, oa, ob, r->c, r->s, i, r->n);
         if (r->copy)
             copy_gaps(r, k, nt);
     }
 }
 
-LMK_TARGET_AVX2 static void rows_avx2(lmk_dtype dt, const rope_rows *r)
+LMK_TARGET_AVX2 static void rows_avx2_split(lmk_dtype dt, const rope_rows *r)
 {
     if (dt == LMK_F32)
-        r->nt ? rows8(LMK_F32, 1, 4, r) : rows8(LMK_F32, 0, 4, r);
+        r->nt ? rows8(LMK_F32, 1, 0, 4, r) : rows8(LMK_F32, 0, 0, 4, r);
     else if (dt == LMK_BF16)
-        r->nt ? rows8(LMK_BF16, 1, 2, r) : rows8(LMK_BF16, 0, 2, r);
+        r->nt ? rows8(LMK_BF16, 1, 0, 2, r) : rows8(LMK_BF16, 0, 0, 2, r);
     else
-        r->nt ? rows8(LMK_F16, 1, 2, r) : rows8(LMK_F16, 0, 2, r);
+        r->nt ? rows8(LMK_F16, 1, 0, 2, r) : rows8(LMK_F16, 0, 0, 2, r);
+}
+
+LMK_TARGET_AVX2 static void rows_avx2_adjacent(lmk_dtype dt, const rope_rows *r)
+{
+    if (dt == LMK_F32)
+        r->nt ? rows8(LMK_F32, 1, 1, 4, r) : rows8(LMK_F32, 0, 1, 4, r);
+    else if (dt == LMK_BF16)
+        r->nt ? rows8(LMK_BF16, 1, 1, 2, r) : rows8(LMK_BF16, 0, 1, 2, r);
+    else
+        r->nt ? rows8(LMK_F16, 1, 1, 2, r) : rows8(LMK_F16, 0, 1, 2, r);
 }
 #endif
 
 /* ---- runs of rows ---- */
 
-static void rows_scalar(lmk_dtype dt, const rope_rows *r)
+static void rows_scalar(lmk_dtype dt, int il, const rope_rows *r)
 {
-    const size_t es = lmk_dtype_size(dt);
+    rope_prefetch pf = r->pf;
     for (size_t k = 0; k < r->n_rows; k++) {
-        prefetch_row(r, k, es);
-        const unsigned char *ia = r->in + k * r->row_bytes + r->p0 * es;
-        unsigned char *oa = r->out + k * r->row_bytes + r->p0 * es;
-        rotate_scalar(dt, es, ia, ia + r->b_bytes, oa, oa + r->b_bytes, r->c, r->s, 0, r->n);
+        if (r->prefetch)
+            prefetch_row(&pf);
+        const unsigned char *ia = r->in + k * r->in_rb + r->a0;
+        unsigned char *oa = r->out + k * r->out_rb + r->a0;
+        rotate_scalar(dt, il, ia, ia + r->b_bytes, oa, oa + r->b_bytes, r->c, r->s, 0, r->n);
         if (r->copy)
             copy_gaps(r, k, 0);
     }
+}
+
+/* The run of heads [head, head + n_rows) of one token of tensor t, for pairs [p0, p0 + n). */
+static rope_rows make_rows(const rope_job *j, const rope_tensor_job *t, const rope_table *tb, size_t token,
+                           size_t head, size_t n_rows, size_t p0, size_t n, int copy)
+{
+    const size_t es = j->es, hd = j->head_dim * es, a0 = (j->interleaved ? 2 * p0 : p0) * es;
+    const size_t b_bytes = j->stride * es, rot_end = 2 * j->half * es; /* interleaved: the rotated run */
+    rope_rows r = {
+        .in = t->in + token * t->in_tok + head * t->in_head,
+        .out = t->out + token * t->out_tok + head * t->out_head,
+        .n_rows = n_rows, .in_rb = t->in_head, .out_rb = t->out_head,
+        .a0 = a0, .b_bytes = b_bytes, .n = n, .c = tb->cos, .s = tb->sin,
+        .copy = copy && !t->in_place, .nt = t->stream, .prefetch = t->in_place,
+    };
+    if (j->interleaved) {
+        r.gap[0][0] = r.gap[0][1] = rot_end;
+        r.gap[1][0] = rot_end, r.gap[1][1] = hd;
+    } else {
+        r.gap[0][0] = j->half * es, r.gap[0][1] = b_bytes;
+        r.gap[1][0] = b_bytes + j->half * es, r.gap[1][1] = hd;
+    }
+    if (t->in_place) {
+        const size_t idx = head + (16384 + hd - 1) / hd; /* the row ~16 KB ahead */
+        r.pf = (rope_prefetch){
+            .base = t->out + a0, .tok = token + idx / t->heads, .head = idx % t->heads,
+            .heads = t->heads, .seq = j->seq, .tok_bytes = t->out_tok, .head_bytes = t->out_head,
+            .len = (j->interleaved ? 2 * n : n) * es, .b_bytes = j->interleaved ? 0 : b_bytes,
+        };
+    }
+    return r;
 }
 
 /* Rotates pairs [p0, p0 + n) (n may be 0) of the rows [first, last) of one token, q heads first
@@ -455,31 +623,23 @@ static void process_rows(const rope_job *j, const rope_table *tb, size_t token, 
                          size_t n, int copy)
 {
     size_t base = 0; /* first row of tensor ti within the token */
-    for (int ti = 0; ti < j->n_tensors; base += j->heads[ti], ti++) {
-        const size_t a = first > base ? first - base : 0, b = last - base < j->heads[ti] ? last - base : j->heads[ti];
+    for (int ti = 0; ti < j->n_tensors; base += j->t[ti].heads, ti++) {
+        const rope_tensor_job *t = &j->t[ti];
+        const size_t a = first > base ? first - base : 0, b = last - base < t->heads ? last - base : t->heads;
         if (last <= base || a >= b)
             continue;
-        const size_t rb = j->head_dim * j->es, off = (token * j->heads[ti] + a) * rb;
-        const rope_rows r = {
-            .in = j->in[ti] + off, .out = j->out[ti] + off, .n_rows = b - a,
-            .row_bytes = rb, .b_bytes = j->stride * j->es,
-            .p0 = p0, .n = n, .c = tb->cos, .s = tb->sin,
-            .copy = copy && !j->in_place[ti], .nt = j->stream[ti],
-            .gap = {{j->half * j->es, j->stride * j->es}, {(j->stride + j->half) * j->es, j->head_dim * j->es}},
-            .ahead = j->in_place[ti] ? (16384 + rb - 1) / rb : 0,
-            .rows_left = (j->seq - token) * j->heads[ti] - a,
-        };
+        const rope_rows r = make_rows(j, t, tb, token, a, b - a, p0, n, copy);
 #if LMK_CPU_X86
         if (j->isa == LMK_CPU_AVX512) {
-            rows_avx512(j->dtype, &r);
+            j->interleaved ? rows_avx512_adjacent(j->dtype, &r) : rows_avx512_split(j->dtype, &r);
             continue;
         }
         if (j->isa == LMK_CPU_AVX2) {
-            rows_avx2(j->dtype, &r);
+            j->interleaved ? rows_avx2_adjacent(j->dtype, &r) : rows_avx2_split(j->dtype, &r);
             continue;
         }
 #endif
-        rows_scalar(j->dtype, &r);
+        rows_scalar(j->dtype, j->interleaved, &r);
     }
 }
 
@@ -510,31 +670,26 @@ static void rope_task(void *ctx, int tid, int n_threads)
         if (!n)
             break;
     }
-    if (j->stream[0] || j->stream[1])
+    if (j->t[0].stream || j->t[1].stream)
         lmk_cpu_stream_fence();
 }
 
-/* Whether this path handles the call: the 0.1 function (MROPE/IMROPE, no scaling, 32-bit
- * positions) on dense tensors. */
-static bool legacy_call(const lmk_rope_args *a)
+/* Streaming stores need every vector store 64-byte aligned: the output, its token and head
+ * strides (of axes longer than 1), both rotated segments (or NORMAL's rotated run) and the copied
+ * gaps all start on a cache line and are whole lines long (true for all real model shapes). */
+static int can_stream(const rope_job *j, const rope_tensor_job *t, size_t bytes)
 {
-    const lmk_rope_angle *g = &a->angle;
-    bool ok = (g->mode == LMK_ROPE_MROPE || g->mode == LMK_ROPE_IMROPE) && !a->interleaved &&
-              g->freq_scale == 1.0 && g->ext_factor == 0.0 && g->mscale == 1.0 && !g->freq_factors &&
-              g->pos_dtype != LMK_I64;
-    for (int i = 0; i < a->n_tensors; i++) {
-        const lmk_rope_tensor *t = &a->t[i];
-        ok = ok && t->in_head == a->head_dim && t->out_head == a->head_dim &&
-             t->in_tok == (size_t)t->n_heads * a->head_dim && t->out_tok == t->in_tok;
-    }
-    return ok;
+    const size_t es = j->es;
+    const int segs = j->interleaved ? (2 * j->half * es) % 64 == 0
+                                    : (j->half * es) % 64 == 0 && (j->stride * es) % 64 == 0;
+    const int lines = segs && (j->head_dim * es) % 64 == 0 && (uintptr_t)t->out % 64 == 0 &&
+                      (j->seq == 1 || t->out_tok % 64 == 0) && (t->heads == 1 || t->out_head % 64 == 0);
+    return j->isa != LMK_CPU_SCALAR && lines && !t->in_place && bytes >= 2 * LMK_CPU_STREAM_MIN_BYTES;
 }
 
 lmk_status lmk_cpu_rope(lmk_stream *s, const void *args)
 {
     const lmk_rope_args *a = args;
-    if (!legacy_call(a))
-        return lmk_fail(LMK_ERR_UNSUPPORTED, "rope: this mode, scaling or layout is not yet on the CPU");
     rope_job j = {
         .isa = lmk_cpu_stream_isa(s),
         .dtype = a->dtype,
@@ -542,29 +697,25 @@ lmk_status lmk_cpu_rope(lmk_stream *s, const void *args)
         .head_dim = a->head_dim,
         .half = a->rope_dim / 2,
         .stride = a->pair_stride,
+        .interleaved = a->interleaved,
         .seq = a->seq_len,
-        .base = a->angle.freq_base,
-        .rope_dim = (double)a->rope_dim,
-        .mode = a->angle.mode,
-        .positions = a->angle.positions,
+        .angle = &a->angle,
         .n_tensors = a->n_tensors,
     };
-    memcpy(j.sections, a->angle.sections, sizeof j.sections);
     size_t bytes = 0;
     for (int ti = 0; ti < a->n_tensors; ti++) {
-        j.in[ti] = a->t[ti].in;
-        j.out[ti] = a->t[ti].out;
-        j.heads[ti] = a->t[ti].n_heads;
-        j.in_place[ti] = a->t[ti].in == a->t[ti].out;
-        bytes += 2 * j.seq * j.heads[ti] * j.head_dim * j.es;
+        const lmk_rope_tensor *t = &a->t[ti];
+        j.t[ti] = (rope_tensor_job){
+            .in = t->in, .out = t->out, .heads = t->n_heads,
+            .in_tok = t->in_tok * j.es, .in_head = t->in_head * j.es,
+            .out_tok = t->out_tok * j.es, .out_head = t->out_head * j.es,
+            .in_place = t->in == t->out,
+        };
+        bytes += 2 * j.seq * t->n_heads * j.head_dim * j.es;
     }
-    j.rows_per_token = j.heads[0] + j.heads[1];
-    /* Streaming stores need every vector store 64-byte aligned: the output, rows, both rotated
-     * segments and the copied gaps all start on a cache line (true for all real model shapes). */
-    const int lines = (j.head_dim * j.es) % 64 == 0 && (j.half * j.es) % 64 == 0 && (j.stride * j.es) % 64 == 0;
+    j.rows_per_token = j.t[0].heads + j.t[1].heads;
     for (int ti = 0; ti < a->n_tensors; ti++)
-        j.stream[ti] = j.isa != LMK_CPU_SCALAR && lines && !j.in_place[ti] && bytes >= 2 * LMK_CPU_STREAM_MIN_BYTES &&
-                       (uintptr_t)j.out[ti] % 64 == 0;
+        j.t[ti].stream = can_stream(&j, &j.t[ti], bytes);
     lmk_cpu_parallel(s, bytes, rope_task, &j);
     return LMK_OK;
 }
