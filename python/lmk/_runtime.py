@@ -6,13 +6,14 @@ as lmk.h asks). CUDA arrays run on the caller's current stream of their library 
 CuPy's current stream; the legacy default stream for other producers), wrapped once per handle with
 lmk_stream_wrap_cuda and cached, so a call never synchronises and can be captured into a CUDA graph.
 Handles are never destroyed: destroying a wrapped stream waits for it, which at interpreter exit may meet a
-torn-down CUDA context.
+torn-down CUDA context. A forked child forgets its parent's handles and opens its own.
 
 A Call gathers one op's arrays: it checks that they share the first array's device, turns each into an
 lmk_buffer (lmk_buffer_wrap for dense arrays; for a strided view, a wrap of the memory it spans plus
 lmk_buffer_view_strided with its element strides, so no data is copied), and frees everything on exit.
 """
 import ctypes
+import os
 import threading
 
 from . import _arrays, _lib
@@ -41,6 +42,19 @@ def check(status):
 _lock = threading.Lock()
 _devices = {}
 _streams = {}   # ("cpu", 0) or (("cuda", n), handle) -> (lmk_stream, lock)
+
+
+def _forget_handles():
+    """In a forked child the CPU stream's worker threads do not exist and CUDA contexts are unusable: drop the
+    parent's handles (without freeing them, which would wait for those threads) and start afresh."""
+    global _lock
+    _lock = threading.Lock()
+    _devices.clear()
+    _streams.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_handles)
 
 
 def device(dev):
@@ -151,11 +165,12 @@ class Call:
             a.release()
 
     def read(self, obj, name, *, raw=False, writable=False):
+        dev = _arrays.device_of(obj, name)  # before exporting: a CPU producer takes no CUDA stream
+        if dev != self.dev:
+            raise ValueError("lmk.%s: %s is on %s but %s is on %s" % (self.op, name, _arrays.device_str(dev),
+                                                                      self.like_name, _arrays.device_str(self.dev)))
         a = _arrays.read(obj, name, raw=raw, stream=self.dl_stream)
         self._arrays.append(a)
-        if a.device != self.dev:
-            raise ValueError("lmk.%s: %s is on %s but %s is on %s" % (self.op, name, _arrays.device_str(a.device),
-                                                                      self.like_name, _arrays.device_str(self.dev)))
         if writable and a.readonly:
             raise ValueError("lmk.%s: %s is read-only (or a copy), so lmk cannot write into it" % (self.op, name))
         return a

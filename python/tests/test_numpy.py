@@ -361,3 +361,35 @@ def test_concurrent_calls_from_threads(rng):
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_forked_child_runs_ops(rng):
+    """A child forked while another thread is inside an op (holding the CPU stream's lock, which the child
+    inherits held) forgets the parent's handles and runs ops on its own."""
+    import os
+    import time
+    from lmk import _runtime
+    T, H, D = 8, 2, 64
+    q, pos = inputs(rng, (T, H, D), np.float32), positions_for(rng, "neox", T)
+    want = lmk.rope(q, pos)
+    _, lock = _runtime.stream(("cpu", 0))
+    with lock:  # as if another thread were inside lmk.rope at the fork
+        pid = os.fork()
+        if pid == 0:  # child: exit status 0 only if the op ran and matched
+            ok = False
+            try:
+                ok = same_bits(lmk.rope(q, pos), want)
+            finally:
+                os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung (it waited on a lock held at the fork)")
+        time.sleep(0.05)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
