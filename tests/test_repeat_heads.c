@@ -605,6 +605,74 @@ static void test_overlaps(tst_dev *d)
     shared_case(d, "dst == src (hg == h)", &same, LMK_F32, n, &src, &src, "dst overlaps src");
 }
 
+/* More than 2^32 elements through the strided kernel (64-bit offsets), checked at sampled rows:
+ * only where it is cheap (a GPU with memory to spare), never on the CPU. u8, block layout, dst rows
+ * padded by 3 bytes (the padding must stay as allocated: zero). */
+static void test_huge(tst_dev *d)
+{
+    if (d->backend != LMK_BACKEND_CUDA || tst_quick()) {
+        SKIP("repeat_heads T*H*K > 2^32 on %s: %s", d->name,
+             d->backend != LMK_BACKEND_CUDA ? "too slow and too large for the CPU run" : "LMK_TEST_QUICK");
+        return;
+    }
+    const lmk_repeat_heads_params p = {32768, 16, 64, 2049, LMK_REPEAT_BLOCK};
+    const size_t tok = (size_t)p.h * p.k + 3, src_n = (size_t)p.seq * p.hg * p.k, dst_bytes = p.seq * tok + TST_GUARD;
+    const uint64_t seed = tst_case_seed();
+    tst_rng r = tst_rng_make(seed);
+    unsigned char *src = malloc(src_n), *row = malloc(tok);
+    lmk_buffer *bs = NULL, *par = NULL, *view = NULL;
+    if (!src || !row) {
+        SKIP("repeat_heads T*H*K > 2^32: no host memory");
+        goto done;
+    }
+    tst_fill_bytes(&r, src, src_n);
+    bs = tst_buf(d->dev, LMK_U8, NULL, 0, src_n, 0, src, src_n, -1);
+    if (bs && lmk_buffer_alloc(d->dev, dst_bytes, LMK_U8, NULL, 0, &par) != LMK_OK) {
+        SKIP("repeat_heads T*H*K > 2^32: no device memory (%s)", lmk_last_error());
+        goto done;
+    }
+    const size_t shape[3] = {p.seq, p.h, p.k}, strides[3] = {tok, p.k, 1};
+    lmk_status st = bs ? lmk_buffer_view_strided(par, 0, LMK_U8, shape, strides, 3, &view) : LMK_ERR_OUT_OF_MEMORY;
+    if (st == LMK_OK)
+        st = lmk_repeat_heads(d->stream, bs, view, &p);
+    if (st == LMK_OK)
+        st = lmk_stream_sync(d->stream);
+    /* Rows: the first, the last, the last rows of the tokens holding bytes 2^31 and 2^32, rows of
+     * the last 16 tokens (past byte 2^32), random ones; a token's last row is read with its 3
+     * padding bytes. */
+    size_t bad = 0, first_bad = 0;
+    for (int s = 0; s < 40 && st == LMK_OK; s++) {
+        const size_t n_rows = (size_t)p.seq * p.h;
+        size_t rw = s == 0 ? 0 : s == 1 ? n_rows - 1 : s < 4 ? (((size_t)1 << (29 + s)) / tok) * p.h + p.h - 1
+                                                               : tst_rng_u64(&r) % n_rows;
+        if (s >= 4 && s < 12) /* the last 16 tokens: the bytes past 2^32 */
+            rw = n_rows - 1 - tst_rng_u64(&r) % (16u * p.h);
+        const size_t t = rw / p.h, i = rw % p.h, g = i / (p.h / p.hg), len = i == p.h - 1u ? p.k + 3u : p.k;
+        if (lmk_buffer_read(par, t * tok + i * p.k, row, len) != LMK_OK) {
+            st = LMK_ERR_DEVICE;
+            break;
+        }
+        const bool ok = memcmp(row, src + (t * p.hg + g) * p.k, p.k) == 0 &&
+                        (len == p.k || tst_find_not(row, p.k, len, 0) < 0);
+        if (!ok && !bad++)
+            first_bad = rw;
+    }
+    unsigned char guard[TST_GUARD];
+    const bool guard_ok = st == LMK_OK && lmk_buffer_read(par, p.seq * tok, guard, TST_GUARD) == LMK_OK &&
+                          tst_find_not(guard, 0, TST_GUARD, 0) < 0;
+    CHECK(st == LMK_OK && bad == 0 && guard_ok,
+          "repeat_heads block T=%u hg=%u h=%u k=%u u8, dst token stride %zu (%zu bytes) [%s] seed 0x%016" PRIx64
+          ": %s \"%s\"; %zu sampled rows wrong, first row %zu; guard %s",
+          p.seq, p.hg, p.h, p.k, tok, dst_bytes, d->name, seed, lmk_status_name(st), lmk_last_error(), bad, first_bad,
+          guard_ok ? "ok" : "touched");
+done:
+    lmk_buffer_free(view);
+    lmk_buffer_free(par);
+    lmk_buffer_free(bs);
+    free(src);
+    free(row);
+}
+
 int main(void)
 {
     tst_program_seed();
@@ -619,6 +687,7 @@ int main(void)
         test_tiled_equivalence(&devs[i]);
         test_rules(&devs[i]);
         test_overlaps(&devs[i]);
+        test_huge(&devs[i]);
         lmk_device *other = NULL;
         if (TST_REQUIRE(lmk_device_open(devs[i].backend, 0, &other) == LMK_OK, "[%s] a second device handle: %s",
                         devs[i].name, lmk_last_error()))
