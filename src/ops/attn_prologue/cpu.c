@@ -25,7 +25,7 @@
 typedef struct row_dest {
     unsigned char *p;  /* element 0 of the row */
     lmk_dtype dt;
-    float inv_scale;   /* f8 caches: stored = x * (1 / scale) */
+    float scale;       /* f8 caches: stored = lmk_f32_to_f8e4m3(x / scale), lmk.h's formula */
 } row_dest;
 
 typedef struct ap_row {
@@ -58,7 +58,7 @@ LMK_INLINE void st(const row_dest *d, size_t i, float v)
     case LMK_F32: ((float *)(void *)d->p)[i] = v; break;
     case LMK_BF16: ((uint16_t *)(void *)d->p)[i] = lmk_f32_to_bf16(v); break;
     case LMK_F16: ((uint16_t *)(void *)d->p)[i] = lmk_f32_to_f16(v); break;
-    default: d->p[i] = lmk_f32_to_f8e4m3(v * d->inv_scale); break;
+    default: d->p[i] = lmk_f32_to_f8e4m3(v / d->scale); break;
     }
 }
 
@@ -169,7 +169,7 @@ static ap_row make_row(const lmk_attn_prologue_args *a, size_t token, size_t h, 
         const size_t ces = lmk_dtype_size(a->k_cache.dtype);
         r.dest[r.n_dest++] = (row_dest){(unsigned char *)a->k_cache.data +
                                             ((size_t)slot * a->k_cache.tok + head * a->k_cache.head) * ces,
-                                        a->k_cache.dtype, 1.0f / a->k_scale};
+                                        a->k_cache.dtype, a->k_scale};
     }
     return r;
 }
@@ -183,7 +183,7 @@ static void store_v(const lmk_attn_prologue_args *a, size_t token, long long slo
     for (size_t h = 0; h < a->rope.t[1].n_heads; h++) {
         const unsigned char *src = (const unsigned char *)a->v_in.data + (token * a->v_in.tok + h * a->v_in.head) * es;
         const row_dest d = {(unsigned char *)a->v_cache.data + ((size_t)slot * a->v_cache.tok + h * a->v_cache.head) * ces,
-                            a->v_cache.dtype, 1.0f / a->v_scale};
+                            a->v_cache.dtype, a->v_scale};
         if (d.dt == dt) {
             memcpy(d.p, src, dv * es);
             continue;

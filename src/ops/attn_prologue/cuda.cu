@@ -42,7 +42,7 @@ struct Dest {
     unsigned char *p;
     uint64_t tok, head;
     int dt;
-    float inv_scale;
+    float scale;      /* f8: stored = lmk_f32_to_f8e4m3(x / scale), lmk.h's formula */
 };
 
 struct Params {
@@ -79,7 +79,7 @@ __device__ __forceinline__ float widen(int dt, const unsigned char *p, uint64_t 
 }
 
 /* lmk's roundings (lmk_f32_to_bf16 / f16 / f8e4m3): nearest even, NaN kept quiet with its sign. */
-__device__ __forceinline__ void narrow_store(int dt, unsigned char *p, uint64_t i, float f, float inv_scale)
+__device__ __forceinline__ void narrow_store(int dt, unsigned char *p, uint64_t i, float f, float scale)
 {
     const uint32_t u = __float_as_uint(f);
     const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
@@ -97,7 +97,7 @@ __device__ __forceinline__ void narrow_store(int dt, unsigned char *p, uint64_t 
                 : __half_as_ushort(__float2half_rn(f));
         break;
     default:
-        p[i] = lmk_f8e4m3_from_f32_bits(__float_as_uint(f * inv_scale));
+        p[i] = lmk_f8e4m3_from_f32_bits(__float_as_uint(__fdiv_rn(f, scale))); /* x / scale, not x * (1 / scale) */
         break;
     }
 }
@@ -198,7 +198,7 @@ __device__ void do_row(const Params &p, uint32_t token, int which, uint32_t h, i
             if (!rot && !w && d[k].dt == p.dt)
                 raw_copy(row, in, i, es);
             else
-                narrow_store(d[k].dt, row, i, v, d[k].inv_scale);
+                narrow_store(d[k].dt, row, i, v, d[k].scale);
         }
     }
     __syncwarp(); /* x is reused by the warp's next row */
@@ -217,7 +217,7 @@ __device__ void do_v(const Params &p, uint32_t token, uint32_t h, int64_t slot)
         if (p.v_cache.dt == p.dt)
             raw_copy(out, in, i, es);
         else
-            narrow_store(p.v_cache.dt, out, i, widen(p.dt, in, i), p.v_cache.inv_scale);
+            narrow_store(p.v_cache.dt, out, i, widen(p.dt, in, i), p.v_cache.scale);
     }
 }
 
@@ -276,9 +276,9 @@ lmk_status lmk_cuda_attn_prologue(lmk_stream *s, const void *args)
     p.q_out = Dest{(unsigned char *)r->t[0].out, r->t[0].out_tok, r->t[0].out_head, (int)r->dtype, 1.0f};
     p.k_out = Dest{(unsigned char *)r->t[1].out, r->t[1].out_tok, r->t[1].out_head, (int)r->dtype, 1.0f};
     p.k_cache = dest_of(a->k_cache);
-    p.k_cache.inv_scale = 1.0f / a->k_scale;
+    p.k_cache.scale = a->k_scale;
     p.v_cache = dest_of(a->v_cache);
-    p.v_cache.inv_scale = 1.0f / a->v_scale;
+    p.v_cache.scale = a->v_scale;
     p.q_w = a->q_norm_w, p.k_w = a->k_norm_w;
     p.q_w_dt = (int)a->q_norm_dtype, p.k_w_dt = (int)a->k_norm_dtype;
     p.eps = (float)a->eps, p.w_off = (float)a->weight_offset, p.mscale = (float)r->angle.mscale;

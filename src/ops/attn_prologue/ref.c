@@ -5,8 +5,10 @@
  * (x / sqrt(mean(x^2) + eps) * (w + weight_offset)), rope through rope's own float64 reference
  * (lmk_ref_rope_row), then store: q_out and k_out rounded to their dtype from the float64 value,
  * cache rows through slots (nothing for a slot outside [0, rows)), f8 caches as
- * round-to-nearest-even(x / scale) saturated to +-448. v goes to its cache unchanged (a bit copy
- * when the cache has v's dtype, else quantised). No threads, no vectors.
+ * round-to-nearest-even(x / scale) saturated to +-448. Without a norm, elements outside the
+ * rotated pairs stored in the input dtype are the input's bits (NaN payloads included). v goes to
+ * its cache unchanged (a bit copy when the cache has v's dtype, else quantised). No threads, no
+ * vectors.
  */
 #include "core/internal.h"
 #include "ops/attn_prologue/attn_prologue.h"
@@ -107,34 +109,69 @@ static void store_v(const lmk_attn_prologue_args *a, size_t token, size_t r)
         }
 }
 
+/* Whether element i of a row is in a rotated pair (lmk.h's pair table). */
+static bool in_pair(const lmk_rope_args *r, size_t i)
+{
+    const size_t half = r->rope_dim / 2;
+    return r->interleaved ? i < r->rope_dim : i < half || (i >= r->pair_stride && i < r->pair_stride + half);
+}
+
+/* The input bits of one token's rows of q (which 0) or k (1), gathered before any store (in place,
+ * the stores overwrite them). */
+static void gather_bits(const lmk_attn_prologue_args *a, int which, size_t token, unsigned char *bits)
+{
+    const lmk_rope_tensor *t = &a->rope.t[which];
+    const size_t d = a->rope.head_dim, es = lmk_dtype_size(a->rope.dtype);
+    for (size_t h = 0; h < t->n_heads; h++)
+        memcpy(bits + h * d * es, (const char *)t->in + (token * t->in_tok + h * t->in_head) * es, d * es);
+}
+
+/* Stores a row, then, without a norm (bits given) and in the input dtype, puts the input's bits
+ * back on the elements outside the rotated pairs: lmk.h makes them raw bit copies, and a trip
+ * through double would quiet a signalling NaN. */
+static void store_copy_row(const lmk_attn_prologue_args *a, const lmk_rows *dst, size_t r, size_t head,
+                           const double *row64, double scale, const unsigned char *bits)
+{
+    const size_t d = a->rope.head_dim, es = lmk_dtype_size(a->rope.dtype);
+    store_row(dst, r, head, row64, d, scale);
+    if (!bits || dst->dtype != a->rope.dtype)
+        return;
+    for (size_t i = 0; i < d; i++)
+        if (!in_pair(&a->rope, i))
+            memcpy((char *)dst->data + (r * dst->tok + head * dst->head + i) * es, bits + (head * d + i) * es, es);
+}
+
 void lmk_ref_attn_prologue(const lmk_attn_prologue_args *a)
 {
     const size_t d = a->rope.head_dim, hq = a->rope.t[0].n_heads, hk = a->rope.t[1].n_heads;
+    const size_t es = lmk_dtype_size(a->rope.dtype);
     double *q = malloc(hq * d * sizeof *q), *k = malloc(hk * d * sizeof *k);
-    if (!q || !k) { /* the reference runs in tests and tools only; they check their own memory */
-        free(q);
-        free(k);
+    unsigned char *qb = malloc(hq * d * es), *kb = malloc(hk * d * es);
+    if (!q || !k || !qb || !kb) { /* the reference runs in tests and tools only; they check their own memory */
+        free(q), free(k), free(qb), free(kb);
         return;
     }
+    const unsigned char *qbits = a->q_norm_w ? NULL : qb, *kbits = a->k_norm_w ? NULL : kb;
     for (size_t token = 0; token < a->rope.seq_len; token++) {
+        gather_bits(a, 0, token, qb);
+        gather_bits(a, 1, token, kb);
         lmk_ref_attn_prologue_token(a, token, q, k);
         const lmk_rows qo = {a->rope.t[0].out, a->rope.t[0].out_tok, a->rope.t[0].out_head, a->rope.dtype};
         for (size_t h = 0; h < hq; h++)
-            store_row(&qo, token, h, q + h * d, d, 1.0);
+            store_copy_row(a, &qo, token, h, q + h * d, 1.0, qbits);
         if (a->rope.t[1].out) {
             const lmk_rows ko = {a->rope.t[1].out, a->rope.t[1].out_tok, a->rope.t[1].out_head, a->rope.dtype};
             for (size_t h = 0; h < hk; h++)
-                store_row(&ko, token, h, k + h * d, d, 1.0);
+                store_copy_row(a, &ko, token, h, k + h * d, 1.0, kbits);
         }
         if (!a->slots)
             continue;
         const long long slot = slot_of(a, token);
         if (a->k_cache.data && slot >= 0 && (unsigned long long)slot < a->k_slots)
             for (size_t h = 0; h < hk; h++)
-                store_row(&a->k_cache, (size_t)slot, h, k + h * d, d, (double)a->k_scale);
+                store_copy_row(a, &a->k_cache, (size_t)slot, h, k + h * d, (double)a->k_scale, kbits);
         if (a->v_cache.data && slot >= 0 && (unsigned long long)slot < a->v_slots)
             store_v(a, token, (size_t)slot);
     }
-    free(q);
-    free(k);
+    free(q), free(k), free(qb), free(kb);
 }
