@@ -21,4 +21,7 @@ __all__ = ["rope", "repeat_heads", "attn_prologue", "has_attn_prologue", "versio
            "LmkError", "LIBRARY_PATH"]
 
 if "torch" in sys.modules:
-    from . import torch_ops  # noqa: F401
+    try:
+        from . import torch_ops  # noqa: F401
+    except Exception:  # noqa: BLE001 - a torch without custom ops keeps the eager path; `import lmk.torch_ops` says why
+        pass

@@ -18,15 +18,23 @@ _PAIRINGS = {"half_rope": 0, "half_head": 1}
 _LAYOUTS = {"tiled": 0, "block": 1}
 ROPE_KWARGS = ("rope_dim", "freq_base", "mode", "sections", "pairing", "freq_scale", "ext_factor", "attn_factor",
                "beta_fast", "beta_slow", "n_ctx_orig", "freq_factors")
+_torch_ops_error = None
+
 
 def _torch_forms(obj):
     """lmk.torch_ops while torch.compile traces a call on torch tensors, else None: the ctypes path cannot
     be traced, so the entry points then hand over to the allocating forms (torch.empty + torch.ops.lmk.*).
     The first torch tensor seen imports lmk.torch_ops, which registers torch.ops.lmk.* (torch is imported
-    by then); the module comes from the import statement, which torch.compile also follows."""
-    if _arrays.kind_of(obj) != "torch":
+    by then); the module comes from the import statement, which torch.compile also follows. A torch too old
+    for torch.library.custom_op keeps the eager path (`import lmk.torch_ops` then says why)."""
+    global _torch_ops_error
+    if _torch_ops_error is not None or _arrays.kind_of(obj) != "torch":
         return None
-    from . import torch_ops
+    try:
+        from . import torch_ops
+    except Exception as e:  # noqa: BLE001 - any failure to register leaves the eager path working
+        _torch_ops_error = e
+        return None
     return torch_ops if torch_ops.is_compiling() else None
 
 
@@ -129,8 +137,8 @@ def rope(q, positions, *, k=None, rope_dim=None, freq_base=10000.0, mode="neox",
     rope_dim None: head_dim. sections: up to 4 section sizes (t, h, w, e; missing ones are 0). pairing:
     "half_rope" (Hugging Face) or "half_head". Scaling fields as lmk.h (0 means its default). freq_factors:
     f32 [rope_dim/2] or None. out / k_out: arrays to write (q / k themselves for in place); None allocates
-    them like q / k. q, k, out and k_out may be strided views whose last axis has stride 1 (e.g. q of a [q | gate]
-    projection); they are used in place, without copies. Returns q_out, or (q_out, k_out) when k is given.
+    them like q / k. q, k, out and k_out may be strided views whose last axis has stride 1 (e.g. q of a
+    [q | gate] projection); they are used in place, without copies. Returns q_out, or (q_out, k_out) with k.
     """
     forms = _torch_forms(q)
     if forms:
