@@ -47,8 +47,9 @@ constexpr int kUnroll = 4; /* words loaded before the first store: loads in flig
 /* Blocks per SM of each kernel's grid, all resident at once (a grid-stride loop gives every block
  * the same work, so a second wave would run at a fraction of the occupancy). The units kernel needs
  * at most 32 registers in its 32-bit form: 8 blocks of 256 fill an H100/H200 SM (2048 threads). The
- * rows kernel needs 40 with 16-byte words (32 spilled), so 6 blocks of 256: 1536 threads with 4
- * loads of 16 bytes in flight each, 96 KB per SM, about three times what hides DRAM latency. */
+ * rows kernel needs 40 with 16-byte words (ptxas spilled 112 bytes under a 32-register cap), so 6
+ * blocks of 256: 1536 threads with 4 loads of 16 bytes in flight each, 96 KB per SM, by estimate
+ * (latency x bandwidth / SMs ~ 36 KB) more than DRAM latency needs. Not yet measured on a GPU. */
 constexpr int kUnitsBlocksPerSm = 8;
 constexpr int kRowsBlocksPerSm = 6;
 
