@@ -1,39 +1,64 @@
 /*
- * rope_multi.cu - the CUDA kernel of rope_multi (MROPE / IMROPE rotary embedding) and its launcher.
- * One launch rotates one tensor (lmk_rope_multi) or the queries and keys of a layer together
- * (lmk_rope_multi_qk), so a decode step pays one launch and computes each angle once for q and k.
+ * cuda.cu - the CUDA kernels of rope (lmk.h's lmk_rope; lmk_rope_multi and lmk_rope_multi_qk reach
+ * them through the same lmk_rope_args) and their launch planning. Every mode (NORMAL, NEOX, MROPE,
+ * IMROPE, VISION) and pairing, every scaling (freq_scale, the YaRN ramp, freq_factors, attn_factor),
+ * i32/u32/i64 positions, strided operands with their own token and head strides per tensor, one
+ * tensor or q and k in one launch, each out of place or in place. docs/cuda_notes.md has the
+ * measured history; this comment is the current design.
  *
- * Work split. A row is one (token, head) vector of head_dim elements, cut into units of VE elements
- * (16 bytes when the shape and addresses allow: 4 f32 or 8 bf16/f16; else 8, 4 or 2 bytes):
- *   - pair units: unit u rotates pairs [u*VE, u*VE+VE), i.e. the vector at u*VE (the a halves) with
- *     the vector at stride + u*VE (the b halves);
- *   - copy units (out of place only): the untouched elements, [rope_dim, head_dim) for the Hugging
- *     Face pairing, [R/2, D/2) and [D/2+R/2, D) for the seed's pairing.
- * A block takes a tile of `tile_tokens` consecutive tokens and a range of rows (q rows then k rows;
- * all of them unless T is too small to fill the GPU, when the rows are split among `groups` blocks).
- * It first computes the (cos, sin) of every (token, pair) of its tile into shared memory, one angle
- * per thread, so each angle is computed once and read by all 28 heads of q and k (once per row group
- * at decode). The order within a block: a thread loads its first batch of pair units (16-byte loads,
- * kRotBatch items) and its first batch of copy units (kCopyBatch; they need no angle), computes its
- * angle, stores the copy units and streams the rest, and only then waits at the barrier and rotates
- * and stores the pair units. So the angle chain overlaps a memory round trip instead of delaying
- * one, and at decode all of a thread's loads start at once. Pair and copy items are enumerated
- * separately, so a warp runs one kind of work and does not diverge.
- * Rows with rope_dim/2 beyond the shared-memory table (kSmemPairs) are processed in chunks of pairs.
- * In place (in == out) there are no copy units: only the rotated elements are read and written.
- * Small T (decode): when T x row groups is at most 2 blocks per SM, a second kernel
- * (rope_decode_kernel) does the same work with one token per block, one item per thread and every
- * index precomputed by the host; see its comment and docs/cuda_notes.md (v6).
- * Untouched elements move as raw integer words: bit-exact, NaN payloads included.
+ * Work. A row is one (token, head) vector of head_dim elements. It is cut into units of VE elements
+ * (NB = VE * element size bytes; 16 when every address, stride and range boundary allows, else 8, 4
+ * or 2 bytes, down to one element; plan_units):
+ *   - pair units rotate whole pairs. Half-split layouts (NEOX, MROPE, IMROPE, VISION: pair p is
+ *     (x[p], x[p + pair_stride])): unit u holds pairs [u*VE, u*VE + VE), its a halves in the vector
+ *     at element u*VE and its b halves in the vector at u*VE + pair_stride. Interleaved (NORMAL:
+ *     pair p is (x[2p], x[2p+1])): unit u is the one vector at u*VE holding VE/2 whole pairs (IL);
+ *     when only one-element units fit, NORMAL runs as a half-split layout whose a vectors are two
+ *     elements apart and whose b vector is the next element.
+ *   - copy units (only for a tensor that is out of place) move the untouched elements as raw
+ *     words, bit-exact, NaN payloads included, never scaled (the ranges: plan_geometry). In place
+ *     there is nothing to copy: only rotated elements are read and written.
+ * Rows of q come first, then rows of k; each tensor has its own base, token stride and head stride
+ * (q inside a [q | gate] projection, q and k inside a packed QKV buffer), all byte offsets across
+ * rows are 64-bit. Offsets within a row are 32-bit: rows over 4 GiB are rejected (UNSUPPORTED).
  *
- * Precision (SPEC.md: f32 within 1e-5 of float64 for |x| <= 2 up to |pos| = 2^20). The f32 seed
- * computes pos * powf(base, -2p/R) in f32, whose error at 2^20 is ~0.06 rad. Here:
- *   inv_freq(p) = exp2(p * log2_step) in double (log2_step = -2*log2(base)/R, from the host);
- *   theta = pos * inv_freq in double, reduced by k*pi/2, k = rint(theta*2/pi), with a two-constant
- *   Cody-Waite reduction in double (exact to ~1e-16 for |theta| <= 2^20);
- *   sin and cos of the reduced f32 angle (|r| <= pi/4) by minimax polynomials (rope_cs: 1.5 ulp).
- * The angle error is then ~1e-7 rad, so f32 results sit within ~1e-6 of float64 and bf16/f16
- * results within one ulp.
+ * Angles. theta(token, pair) = position * freq(pair); m (attn_factor, or YaRN's m) is folded into
+ * the table's cos and sin, so copies never see it, and m = 1 multiplies by 1.0f, which changes no
+ * bit. The rules live in rope_common.h only: the launch plan (plan_angles) fills a per-pair table
+ * with lmk_rope_axis_j (the pair's position axis) and lmk_rope_freq (its angle factor, freq_factors
+ * aside) in float64 on the host and passes it by value in the kernel parameters (__grid_constant__:
+ * read in place, never copied to local memory). So the device evaluates no pow() (in CUDA an
+ * out-of-line call, whose calling convention made ptxas spill the load batches). A launch rotates
+ * at most kTabPairs = 128 pairs: rope_dim <= 256 (every model we know) is one launch, a larger one
+ * takes a launch per slice of 128 pairs, each rotating its own pairs (the first also copies the
+ * untouched elements). The table is a pure function of the angle parameters, so the host keeps the
+ * last few in a thread-local cache instead of paying ~21 ns of pow() per pair per call.
+ * freq_factors live in device memory, which the host cannot read without a sync: the device
+ * divides by ff[p] (lmk.h's theta is linear in theta_e and ff only divides theta_e, so
+ * lmk_rope_freq(ff) = lmk_rope_freq(1) / ff up to two float64 roundings). Positions are read by
+ * lmk_rope_pos. The angle is reduced in float64 and its sin/cos evaluated in f32 (rope_cs).
+ *
+ * Two kernels, both reading the (cos, sin) of a block's (token, pair) angles from a shared-memory
+ * table that the block computes once (one angle per thread) for all its rows of q and k:
+ *   rope_multi_kernel (prefill): a block takes a tile of `tile_tokens` tokens and a group of rows.
+ *     A thread loads its first batch of pair units and of copy units, computes its angle, stores
+ *     the copies and streams the rest, then waits at the barrier and rotates its pair units, so
+ *     the angle overlaps a memory round trip. Pair and copy items are enumerated separately (a warp
+ *     runs one kind). plan_tiles.
+ *   rope_decode_kernel (small T): one token per block, whole rows per block, one item per thread
+ *     (threadIdx.x is the item of the row, threadIdx.y the row), no loop, no run-time division.
+ *     Chosen when its grid is at most 2 blocks per SM, where the prefill kernel cannot fill the
+ *     GPU either. plan_decode.
+ * Everything a launch needs travels by value in RopeParams (no allocation, no copy, no sync): a
+ * call can be captured into a CUDA graph. lmk_cuda_rope plans in named steps: plan_units (VE and
+ * layout), plan_geometry (rows, strides, untouched ranges), then per slice of pairs plan_slice,
+ * plan_angles (the table), and plan_decode or else plan_tiles (the launch shape).
+ *
+ * Precision (lmk.h: f32 within 1e-5 * max(1, m) of float64 for |x| <= 2 and |angle| <= 2^20): the
+ * angle is pos * freq in float64 and reduced by k*pi/2 in float64 (exact to ~1e-16 for |theta| <=
+ * 2^20); sin and cos of the reduced f32 angle (|r| <= pi/4) come from minimax polynomials (rope_cs,
+ * 1.5 ulp). The angle error is ~1e-7 rad, so f32 results sit within ~1e-6 of float64 and bf16/f16
+ * results within one ulp. A non-finite angle (a freq_factor of 0 or inf) gives NaN, as cos(inf).
  */
 #include "cuda/cuda_internal.h"
 #include "ops/rope/rope.h"
@@ -44,74 +69,91 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 namespace {
 
 constexpr int kThreads = 256;
-constexpr uint32_t kSmemPairs = 2048; /* most (cos, sin) slots of a block: 16 KB of shared memory */
 /* Items a thread loads before it stores them, the most that fit 80 registers without spills. Pair
  * items (two units each): 1 in the kernel with copy items (there a block of the model shapes has
  * fewer pair items than threads: Qwen3.5, 224), 4 in the one without (in place, or rope_dim ==
- * head_dim). Copy items: 5 (a Qwen3.5 block has 1344: one batch, and a sixth item for 64 threads). */
+ * head_dim). Copy items: 4 (0.1 had 5, which spilled once in and out rows got their own strides; a
+ * Qwen3.5 block has 1344 copy items, so some threads take a second round with 4 or with 5). */
 template <bool COPY> constexpr int kRotBatch = COPY ? 1 : 4;
-constexpr int kCopyBatch = 5;
-constexpr uint32_t kBlockItems = 1024; /* work items a block aims for at prefill: 4 per thread */
-/* The small-T kernel: threads a block aims for (whole rows of one token, one item per thread), the
- * most pairs per row (its (cos, sin) table: 8 KB) and items per row (one row per block at most:
- * 1024 threads) it takes. It is chosen when its grid, T x row groups, is at most 2 blocks per SM:
- * there the general kernel cannot fill the GPU either. */
+constexpr int kCopyBatch = 4;
+constexpr uint32_t kBlockItems = 1024; /* work items a prefill block aims for: 4 per thread */
+/* The small-T kernel: threads a block aims for (whole rows of one token, one item per thread) and
+ * the most items per row it takes (one row per block at most). With 1024, ptxas held the kernel to
+ * 32 registers and spilled; rows of 512+ units are rare (head_dim >= 512 with narrow units) and the
+ * prefill kernel takes them. */
 constexpr uint32_t kDecThreads = 256;
-constexpr uint32_t kDecMaxPairs = 1024;
-constexpr uint32_t kDecMaxItems = 1024;
-/* Up to this many rows in a launch (T x heads), 2-byte types take 8-byte units instead of 16. A
- * decode launch is a handful of blocks whose time grows with the work each does: 16-byte bf16
- * units gave Qwen3.5-27B's q+k 4 blocks against f32's 7 and cost 1.78 us per call against f32's
- * 1.62. 8-byte units give bf16 the same items, threads and blocks as f32. */
+constexpr uint32_t kDecMaxItems = 512;
+/* Up to this many rows in a launch (T x heads), 2-byte types take 8-byte units instead of 16: then
+ * bf16 gets f32's items, threads and blocks at decode (docs/cuda_notes.md, v7). */
 constexpr uint64_t kDecNarrowRows = 64;
+/* The most pairs one launch rotates: the host tabulates their axes and angle factors in the kernel
+ * parameters (1.1 KB). rope_dim <= 256 (every model we know) is one launch; beyond, one per slice
+ * of kTabPairs pairs. Any multiple of 8 works (a slice must hold whole units of up to 8 pairs). */
+constexpr uint32_t kTabPairs = 128;
+static_assert(kTabPairs % 8 == 0 && kTabPairs <= kThreads, "a slice holds whole units; one table per tile");
+/* Angle tables the host keeps per thread (a model has one or two rope configurations). */
+constexpr int kFreqCache = 4;
+
+/* The rows and units of a launch (plan_geometry). Byte strides are 64-bit; offsets within a row
+ * (ustep_b, stride_b, c1_b, c2_b and everything built from them) fit 32 bits. */
+struct Geom {
+    const unsigned char *in0, *in1;  /* q (or the only tensor) and k; in1 = in0 with one tensor */
+    unsigned char *out0, *out1;
+    uint64_t in_tok0, in_head0, out_tok0, out_head0; /* bytes */
+    uint64_t in_tok1, in_head1, out_tok1, out_head1;
+    uint32_t nh0, rows;              /* heads of q; rows of a token: heads of q + heads of k */
+    uint32_t copy0, copy1;           /* tensor j is out of place: copy its untouched elements */
+    uint32_t half;                   /* pairs of this launch's slice (at most kTabPairs) */
+    uint32_t npu;                    /* pair units per row in the slice */
+    uint32_t pair_b;                 /* byte offset of the slice's first pair unit in a row */
+    uint32_t ustep_b;                /* bytes from one pair unit's a vector to the next one's */
+    uint32_t stride_b;               /* bytes from a pair unit's a vector to its b vector (half-split) */
+    uint32_t nc, nc1;                /* copy units per row (0 when no tensor is copied), nc1 in range 1 */
+    uint32_t c1_b, c2_b;             /* copy unit c starts at (c < nc1 ? c1_b : c2_b) + c * NB */
+};
+
+/* The angles of the slice's pairs p0 + i, i < Geom.half (plan_angles): freq[i] is lmk_rope_freq(...,
+ * ff = 1) and axis[i] lmk_rope_axis_j's axis of pair p0 + i. */
+struct AnglePlan {
+    double freq[kTabPairs];
+    unsigned char axis[kTabPairs];
+    const float *ff;                 /* freq_factors + p0 (device memory), or NULL */
+    const void *pos;
+    uint64_t pos_axis_stride;
+    int pos_dtype;
+    float mscale;
+};
+
+/* The prefill kernel's blocks (plan_tiles). */
+struct TilePlan {
+    uint64_t seq, n_blocks;          /* tokens; tiles * groups */
+    uint32_t tile_tokens;
+    uint32_t groups, rows_per_group;
+};
 
 /* Everything a launch needs, passed by value (kernel parameter space: no allocation, no copy). */
 struct RopeParams {
-    const unsigned char *in0, *in1; /* q (or the only tensor) and k; in1 = in0 with one tensor */
-    unsigned char *out0, *out1;
-    const int32_t *pos;             /* 4*seq, axis-major */
-    uint64_t seq;
-    uint64_t n_blocks;              /* tiles * groups */
-    uint32_t nh0, nh1;              /* heads of tensor 0 and 1 (nh1 = 0 with one tensor) */
-    uint32_t rows;                  /* nh0 + nh1 */
-    uint32_t head_dim, stride;      /* elements; stride: a pair's b element minus its a element */
-    uint32_t half;                  /* rope_dim / 2: pairs per row */
-    uint32_t chunk;                 /* pairs per shared-memory pass (a multiple of VE) */
-    uint32_t nc, nc1;               /* copy units per row (0 in place), of which nc1 in range 1 */
-    uint32_t c1, c2;                /* first element of untouched range 1 and 2 */
-    uint32_t tile_tokens;           /* tokens per block */
-    uint32_t groups, rows_per_group;
-    uint32_t copy0, copy1;          /* tensor j is out of place: copy its untouched elements */
-    uint32_t sect;                  /* sections' sum (0 -> 1), capped at 2^32 - 1 (no pair reaches it) */
-    uint32_t lim[3];                /* rope_axis: sector bounds of axes t, h, w (capped likewise) */
-    int mode;
-    double log2_step;               /* -2*log2(base)/rope_dim: inv_freq(p) = exp2(p*log2_step) */
+    Geom g;
+    AnglePlan a;
+    TilePlan tp;
+};
+static_assert(sizeof(RopeParams) <= 4000, "kernel parameters must stay under the 4 KB limit");
+
+/* How a launch is shaped. */
+struct LaunchPlan {
+    bool decode;
+    dim3 blocks, threads;
+    size_t smem;
 };
 
-/* The small-T (decode) kernel's launch: everything the kernel would otherwise derive with run-time
- * divisions is computed by the host. A block is (token blockIdx.x, rows blockIdx.y * blockDim.y +
- * threadIdx.y); threadIdx.x is the item of the row: [0, npu) pair units, then copy units. */
-struct DecParams {
-    const unsigned char *in0, *in1;
-    unsigned char *out0, *out1;
-    const int32_t *pos;
-    uint32_t seq;                   /* T (small: at most 2 blocks per SM in all) */
-    uint32_t nh0, nh1, rows;
-    uint32_t row_bytes, stride_b;   /* head_dim * ES; pair stride * ES */
-    uint32_t npu;                   /* pair units per row (half / VE) */
-    uint32_t nc1;                   /* copy units in untouched range 1 */
-    uint32_t c1_b, c2_b;            /* byte offset of copy unit c: c1_b + c*NB (c < nc1), else c2_b + c*NB */
-    uint32_t half, n_threads;       /* pairs per row; threads per block */
-    uint32_t copy0, copy1;
-    uint32_t sect;
-    uint32_t lim[3];
-    int mode;
-    double log2_step;
-};
+/* ---------------------------------------------------------------------------------------------
+ * Device helpers: raw units, dtypes, the angle.
+ * ------------------------------------------------------------------------------------------- */
 
 /* A unit of NB bytes held as 32-bit words (NB = 2 uses the low half of w[0]). */
 template <int NB> struct Raw { uint32_t w[NB >= 4 ? NB / 4 : 1]; };
@@ -153,7 +195,6 @@ template <int DT> struct Elem;
 template <> struct Elem<LMK_F32> {
     static constexpr int size = 4;
     static __device__ __forceinline__ float widen(uint32_t b) { return __uint_as_float(b); }
-    static __device__ __forceinline__ uint32_t narrow(float f) { return __float_as_uint(f); }
 };
 
 template <> struct Elem<LMK_BF16> {
@@ -229,22 +270,6 @@ template <int DT, int VE> __device__ __forceinline__ Raw<VE * Elem<DT>::size> pa
     return r;
 }
 
-/* The position axis of a pair: lmk_rope_axis (rope_common.h) with its sums precomputed by the host
- * (lim: 3*s0, 3*s1, 3*s2 for IMROPE; s0, s0+s1, s0+s1+s2 for MROPE; all capped at 2^32 - 1, which no
- * sector reaches, so the caps change no comparison). The same rule, but in 32 bits and with no
- * division when pair < sect (Qwen: always): the shared version's two 64-bit remainders are
- * ~100-cycle subroutines, and they sat in front of the position load on every angle's critical path. */
-template <class P> __device__ __forceinline__ uint32_t rope_axis(const P &p, uint32_t pair)
-{
-    const uint32_t sector = pair < p.sect ? pair : pair % p.sect;
-    if (p.mode == LMK_ROPE_IMROPE) {
-        const uint32_t r = sector % 3u;
-        const uint32_t lim = r == 0 ? p.lim[0] : r == 1 ? p.lim[1] : p.lim[2]; /* no indexed parameter */
-        return sector < lim ? r : 3u;
-    }
-    return sector < p.lim[0] ? 0u : sector < p.lim[1] ? 1u : sector < p.lim[2] ? 2u : 3u;
-}
-
 /* pi/2 split in two doubles for the Cody-Waite reduction: hi is the double nearest pi/2 and lo the
  * double nearest pi/2 - hi, so k*(hi + lo) is k*pi/2 to ~1e-33 relative for |k| < 2^51. */
 constexpr double kPiHalfHi = 1.57079632679489655800e+00;
@@ -252,126 +277,169 @@ constexpr double kPiHalfLo = 6.12323399573676603587e-17;
 constexpr double kTwoOverPi = 6.36619772367581382433e-01;
 constexpr double kRound = 6755399441055744.0; /* 1.5 * 2^52: x + kRound rounds x to an integer */
 
-/* (cos, sin) of theta = pos * inv_freq. The quadrant reduction is in double: t = kRound +
- * rint(theta*2/pi) in one FMA (its low word holds the quadrant k mod 4), r = theta - k*pi/2 in two
- * FMAs, exact to ~1e-16 for |theta| < 2^51. Then sin and cos of the f32 r (|r| <= pi/4) by two short
- * polynomials (the minimax ones of CUDA's own sincosf kernel; max error 7e-8 absolute, 1.5 ulp,
- * measured against libm over 4e7 angles with |theta| <= 2^20) and a quadrant swap: branch-free, no
- * stack frame, ~12 dependent instructions after the position arrives. The clamp only matters for
- * |theta| >= 2^51 (absurd bases), where it keeps the result finite and bounded. */
-__device__ __forceinline__ float2 rope_cs(int32_t pos, double inv_freq)
+/* (cos, sin) of theta. The quadrant reduction is in double: t = kRound + rint(theta*2/pi) in one
+ * FMA (its low word holds the quadrant k mod 4), r = theta - k*pi/2 in two FMAs, exact to ~1e-16
+ * for |theta| < 2^51. Then sin and cos of the f32 r (|r| <= pi/4) by two short polynomials (the
+ * minimax ones of CUDA's own sincosf kernel; max error 7e-8 absolute, 1.5 ulp, measured against
+ * libm over 4e7 angles with |theta| <= 2^20) and a quadrant swap: branch-free, no stack frame. The
+ * clamp only matters for |theta| >= 2^51 (absurd bases), where it keeps the result finite and
+ * bounded; r is NaN exactly when theta is not finite, and then both results are NaN. */
+__device__ __forceinline__ float2 rope_cs(double theta)
 {
-    const double theta = (double)pos * inv_freq;
     const double t = fma(theta, kTwoOverPi, kRound);
     const double k = t - kRound;
-    float x = (float)fma(-k, kPiHalfLo, fma(-k, kPiHalfHi, theta));
-    x = fminf(fmaxf(x, -1.0f), 1.0f);
+    const float r = (float)fma(-k, kPiHalfLo, fma(-k, kPiHalfHi, theta));
+    const float x = fminf(fmaxf(r, -1.0f), 1.0f);
     const uint32_t q = (uint32_t)__double2loint(t);
     const float x2 = x * x;
     const float ps = fmaf(fmaf(fmaf(-1.95152959e-4f, x2, 8.33216087e-3f), x2, -1.66666546e-1f), x2 * x, x);
-    const float pc = fmaf(fmaf(fmaf(fmaf(2.44331571e-5f, x2, -1.38873163e-3f), x2, 4.16666457e-2f), x2, -0.5f), x2, 1.0f);
+    const float pc =
+        fmaf(fmaf(fmaf(fmaf(2.44331571e-5f, x2, -1.38873163e-3f), x2, 4.16666457e-2f), x2, -0.5f), x2, 1.0f);
     float sn = (q & 1) ? pc : ps, cs = (q & 1) ? -ps : pc;
     if (q & 2)
         sn = -sn, cs = -cs;
+    if (r != r)
+        sn = cs = __int_as_float(0x7fc00000);
     return make_float2(cs, sn);
 }
 
-/* The position of angle j of the block's table (token t0 + j / cn, pair c0 + j % cn), and its pair. */
-__device__ __forceinline__ int32_t angle_pos(const RopeParams &p, uint64_t t0, uint32_t j, uint32_t c0, uint32_t cn,
-                                             uint32_t &pair)
+/* The (cos, sin) of the slice's pair i at token t, times m. */
+__device__ __forceinline__ float2 angle_cs(const AnglePlan &a, uint64_t t, uint32_t i)
 {
-    const uint32_t tl = j / cn;
-    pair = c0 + (j - tl * cn);
-    return __ldg(p.pos + (uint64_t)rope_axis(p, pair) * p.seq + t0 + tl);
+    double freq = a.freq[i];
+    if (a.ff)
+        freq = freq / (double)__ldg(a.ff + i);
+    const double pos = lmk_rope_pos(a.pos, a.pos_dtype, (uint64_t)a.axis[i] * a.pos_axis_stride + t);
+    const float2 cs = rope_cs(pos * freq);
+    return make_float2(cs.x * a.mscale, cs.y * a.mscale);
 }
 
 /* Where row r (q for r < nh0, else k) of token t starts, in and out, and whether its tensor is
- * copied (out of place). */
+ * copied (out of place). 64-bit offsets. */
 struct RowRef {
     const unsigned char *in;
     unsigned char *out;
     bool copy;
 };
-template <int ES>
-__device__ __forceinline__ RowRef row_ref(const RopeParams &p, uint64_t t, uint32_t r)
+__device__ __forceinline__ RowRef row_ref(const Geom &g, uint64_t t, uint32_t r)
 {
-    const bool k = r >= p.nh0;
-    const uint64_t row = k ? t * p.nh1 + (r - p.nh0) : t * p.nh0 + r;
-    const uint64_t byte = row * p.head_dim * ES;
-    return RowRef{(k ? p.in1 : p.in0) + byte, (k ? p.out1 : p.out0) + byte, (k ? p.copy1 : p.copy0) != 0};
+    const bool k = r >= g.nh0;
+    const uint64_t h = k ? r - g.nh0 : r;
+    const unsigned char *in = k ? g.in1 : g.in0;
+    unsigned char *out = k ? g.out1 : g.out0;
+    const uint64_t it = k ? g.in_tok1 : g.in_tok0, ih = k ? g.in_head1 : g.in_head0;
+    const uint64_t ot = k ? g.out_tok1 : g.out_tok0, oh = k ? g.out_head1 : g.out_head0;
+    return RowRef{in + t * it + h * ih, out + t * ot + h * oh, (k ? g.copy1 : g.copy0) != 0};
 }
 
-/* One batch of pair items of a thread: the loaded a and b units, where to store them, and where
- * their angles sit in the shared table. */
+/* The (cos, sin) of NP consecutive pairs from the table; two pairs per 16-byte shared load when NP
+ * is even (cs_at is then 16-byte aligned: every table index of such a unit is even). */
+template <int NP> __device__ __forceinline__ void load_cs(const float2 *cs_at, float (&c)[NP], float (&s)[NP])
+{
+    if constexpr (NP % 2 != 0) {
+#pragma unroll
+        for (int e = 0; e < NP; e++) {
+            const float2 q = cs_at[e];
+            c[e] = q.x, s[e] = q.y;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < NP; e += 2) {
+            const float4 q = *reinterpret_cast<const float4 *>(cs_at + e);
+            c[e] = q.x, s[e] = q.y, c[e + 1] = q.z, s[e + 1] = q.w;
+        }
+    }
+}
+
+/* Rotates one pair unit and stores it. Half-split: ra holds the a halves and rb the b halves of VE
+ * pairs, stored at out and out + stride_b. IL: ra holds VE/2 whole pairs (a, b adjacent), rb is
+ * unused, stored at out. Both kernels use this, so their results are bit-identical, and every
+ * element's result depends only on its inputs and its (cos, sin): not on VE or the launch. */
+template <int DT, int VE, bool IL>
+__device__ __forceinline__ void rotate_store(const Raw<VE * Elem<DT>::size> &ra, const Raw<VE * Elem<DT>::size> &rb,
+                                             const float2 *cs_at, unsigned char *out, uint32_t stride_b)
+{
+    constexpr int ES = Elem<DT>::size, NP = IL ? VE / 2 : VE;
+    float c[NP], sn[NP];
+    load_cs<NP>(cs_at, c, sn);
+    if constexpr (IL) {
+        float o[VE];
+#pragma unroll
+        for (int k = 0; k < NP; k++) {
+            const float a = Elem<DT>::widen(get_bits<DT, VE>(ra, 2 * k));
+            const float b = Elem<DT>::widen(get_bits<DT, VE>(ra, 2 * k + 1));
+            o[2 * k] = fmaf(a, c[k], -b * sn[k]);
+            o[2 * k + 1] = fmaf(a, sn[k], b * c[k]);
+        }
+        store<VE * ES>(out, pack<DT, VE>(o));
+    } else {
+        float oa[VE], ob[VE];
+#pragma unroll
+        for (int e = 0; e < VE; e++) {
+            const float a = Elem<DT>::widen(get_bits<DT, VE>(ra, e));
+            const float b = Elem<DT>::widen(get_bits<DT, VE>(rb, e));
+            oa[e] = fmaf(a, c[e], -b * sn[e]);
+            ob[e] = fmaf(a, sn[e], b * c[e]);
+        }
+        store<VE * ES>(out, pack<DT, VE>(oa));
+        store<VE * ES>(out + stride_b, pack<DT, VE>(ob));
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The prefill kernel.
+ * ------------------------------------------------------------------------------------------- */
+
+/* One batch of pair items of a thread: the loaded a and b units, and the item's row and (token of
+ * the tile, unit) from which rot_store recomputes the output address and the table index. Keeping
+ * two 32-bit words instead of an output pointer and a table index is what keeps the 16-byte
+ * kernels within 80 registers now that in and out rows have their own strides (ptxas spilled
+ * 24-48 bytes otherwise). tl < 256 and u < 128 (a tile holds at most kThreads angles, a slice at
+ * most kTabPairs pairs), so both fit 16 bits. */
 template <int NB, int RB> struct RotBatch {
     Raw<NB> a[RB], b[RB];
-    unsigned char *out[RB]; /* NULL: no item */
-    uint32_t cs[RB];        /* index of the unit's first (cos, sin) in the table */
+    uint32_t r[RB];         /* row; ~0u: no item */
+    uint32_t key[RB];       /* tl << 16 | u */
 };
 
-/* Loads the pair items i, i + kThreads, ... of this block's chunk. An item is (token tl of the
- * tile, row r_lo + rr, unit u of the chunk), u fastest so a warp reads contiguous units. */
-template <int ES, int VE, int RB>
-__device__ __forceinline__ void rot_load(const RopeParams &p, RotBatch<VE * ES, RB> &bt, uint32_t i, uint32_t n_items,
-                                         uint32_t nu, uint32_t nr, uint64_t t0, uint32_t r_lo, uint32_t c0,
-                                         uint32_t cn)
+/* Loads the pair items i, i + kThreads, ... of this block. An item is (token tl of the tile, row
+ * r_lo + rr, unit u of the slice), u fastest so a warp reads contiguous units; a unit holds PPU
+ * pairs, and the table holds g.half pairs per token. */
+template <int ES, int VE, bool IL, int RB>
+__device__ __forceinline__ void rot_load(const Geom &g, RotBatch<VE * ES, RB> &bt, uint32_t i, uint32_t n_items,
+                                         uint32_t nr, uint64_t t0, uint32_t r_lo)
 {
 #pragma unroll
     for (int k = 0; k < RB; k++) {
         const uint32_t item = i + k * kThreads;
-        bt.out[k] = nullptr;
+        bt.r[k] = ~0u;
         if (item < n_items) {
-            const uint32_t u = item % nu, rr = item / nu;
+            const uint32_t u = item % g.npu, rr = item / g.npu;
             const uint32_t tl = rr / nr, r = r_lo + (rr - tl * nr);
-            const RowRef ref = row_ref<ES>(p, t0 + tl, r);
-            const size_t off = (size_t)(c0 + u * VE) * ES;
+            const RowRef ref = row_ref(g, t0 + tl, r);
+            const uint32_t off = g.pair_b + u * g.ustep_b;
             bt.a[k] = load<VE * ES>(ref.in + off);
-            bt.b[k] = load<VE * ES>(ref.in + off + (size_t)p.stride * ES);
-            bt.out[k] = ref.out + off;
-            bt.cs[k] = tl * cn + u * VE;
+            if constexpr (!IL)
+                bt.b[k] = load<VE * ES>(ref.in + off + g.stride_b);
+            bt.r[k] = r;
+            bt.key[k] = tl << 16 | u;
         }
     }
 }
 
-/* Rotates one pair item (a and b units, the (cos, sin) of its VE pairs at cs) and stores it at out
- * and out + stride_b. Both kernels use this, so their results are bit-identical. */
-template <int DT, int VE>
-__device__ __forceinline__ void rotate_store(const Raw<VE * Elem<DT>::size> &ra, const Raw<VE * Elem<DT>::size> &rb,
-                                             const float2 *cs_at, unsigned char *out, size_t stride_b)
+template <int DT, int VE, bool IL, int RB>
+__device__ __forceinline__ void rot_store(const Geom &g, const RotBatch<VE * Elem<DT>::size, RB> &bt,
+                                          const float2 *s_cs, uint64_t t0)
 {
-    constexpr int ES = Elem<DT>::size;
-    float c[VE], sn[VE];
-    if constexpr (VE == 1) {
-        const float2 cs = cs_at[0];
-        c[0] = cs.x, sn[0] = cs.y;
-    } else { /* two pairs per 16-byte shared load: cs_at is 16-byte aligned */
-#pragma unroll
-        for (int e = 0; e < VE; e += 2) {
-            const float4 q = *reinterpret_cast<const float4 *>(cs_at + e);
-            c[e] = q.x, sn[e] = q.y, c[e + 1] = q.z, sn[e + 1] = q.w;
-        }
-    }
-    float oa[VE], ob[VE];
-#pragma unroll
-    for (int e = 0; e < VE; e++) {
-        const float a = Elem<DT>::widen(get_bits<DT, VE>(ra, e));
-        const float b = Elem<DT>::widen(get_bits<DT, VE>(rb, e));
-        oa[e] = fmaf(a, c[e], -b * sn[e]);
-        ob[e] = fmaf(a, sn[e], b * c[e]);
-    }
-    store<VE * ES>(out, pack<DT, VE>(oa));
-    store<VE * ES>(out + stride_b, pack<DT, VE>(ob));
-}
-
-template <int DT, int VE, int RB>
-__device__ __forceinline__ void rot_store(const RopeParams &p, const RotBatch<VE * Elem<DT>::size, RB> &bt,
-                                          const float2 *s_cs)
-{
-    constexpr int ES = Elem<DT>::size;
+    constexpr uint32_t PPU = IL ? VE / 2 : VE;
 #pragma unroll
     for (int k = 0; k < RB; k++)
-        if (bt.out[k]) /* bt.cs[k] is even for VE >= 2 */
-            rotate_store<DT, VE>(bt.a[k], bt.b[k], s_cs + bt.cs[k], bt.out[k], (size_t)p.stride * ES);
+        if (bt.r[k] != ~0u) {
+            const uint32_t tl = bt.key[k] >> 16, u = bt.key[k] & 0xffffu;
+            const RowRef ref = row_ref(g, t0 + tl, bt.r[k]);
+            rotate_store<DT, VE, IL>(bt.a[k], bt.b[k], s_cs + tl * g.half + u * PPU,
+                                     ref.out + g.pair_b + u * g.ustep_b, g.stride_b);
+        }
 }
 
 /* One batch of copy items of a thread (out of place): the loaded units and where they go. An item
@@ -381,21 +449,21 @@ template <int NB> struct CopyBatch {
     unsigned char *dst[kCopyBatch]; /* NULL: no item */
 };
 
-template <int ES, int VE>
-__device__ __forceinline__ void copy_load(const RopeParams &p, CopyBatch<VE * ES> &cb, uint32_t ci, uint32_t n_copy,
-                                          uint32_t nr, uint64_t t0, uint32_t r_lo)
+template <int NB>
+__device__ __forceinline__ void copy_load(const Geom &g, CopyBatch<NB> &cb, uint32_t ci, uint32_t n_copy, uint32_t nr,
+                                          uint64_t t0, uint32_t r_lo)
 {
 #pragma unroll
     for (int k = 0; k < kCopyBatch; k++) {
         const uint32_t item = ci + k * kThreads;
         cb.dst[k] = nullptr;
         if (item < n_copy) {
-            const uint32_t c = item % p.nc, rr = item / p.nc;
+            const uint32_t c = item % g.nc, rr = item / g.nc;
             const uint32_t tl = rr / nr, r = r_lo + (rr - tl * nr);
-            const RowRef ref = row_ref<ES>(p, t0 + tl, r);
+            const RowRef ref = row_ref(g, t0 + tl, r);
             if (ref.copy) {
-                const size_t off = (size_t)(c < p.nc1 ? p.c1 + c * VE : p.c2 + (c - p.nc1) * VE) * ES;
-                cb.v[k] = load<VE * ES>(ref.in + off);
+                const uint32_t off = (c < g.nc1 ? g.c1_b : g.c2_b) + c * NB;
+                cb.v[k] = load<NB>(ref.in + off);
                 cb.dst[k] = ref.out + off;
             }
         }
@@ -413,340 +481,436 @@ template <int NB> __device__ __forceinline__ void copy_store(const CopyBatch<NB>
 /* At most 80 registers, so 3 blocks of 256 threads fit an SM (ptxas -v, sm_90: see
  * docs/cuda_notes.md). A block is one (tile, row group); the grid is 2-D only when there are more
  * than 2^31 - 1 of them. There is no grid-stride loop: one cost ptxas -v showed is ~30 registers of
- * loop-carried state. COPY: the launch has copy items (p.nc > 0); without them the copy code is
- * left out and a thread keeps twice as many pair items in flight. The (cos, sin) table is dynamic
- * shared memory of tile_tokens * chunk entries (at most kSmemPairs; 256 B at decode). */
-template <int DT, int VE, bool COPY>
-__global__ void __launch_bounds__(kThreads, 3) rope_multi_kernel(const RopeParams p)
+ * loop-carried state. COPY: the launch has copy items (g.nc > 0); without them the copy code is
+ * left out and a thread keeps four times as many pair items in flight. The (cos, sin) table is
+ * dynamic shared memory of tile_tokens * half entries (at most kThreads: 2 KB).
+ * Order within a block: the first batch of pair items and the first batch of copy items are
+ * loaded, the angles are computed (one per thread: the host sizes the tile so), the copy items are
+ * stored and the rest of them streamed, then the block syncs and rotates. So the angle chain
+ * overlaps a memory round trip instead of delaying one. Copy items are dealt from the last thread
+ * down, so the first warps, which compute the angles, get the fewest. */
+template <int DT, int VE, bool IL, bool COPY>
+__global__ void __launch_bounds__(kThreads, 3) rope_multi_kernel(const __grid_constant__ RopeParams p)
 {
     constexpr int ES = Elem<DT>::size, NB = VE * ES, RB = kRotBatch<COPY>;
     extern __shared__ __align__(16) float2 s_cs[];
+    const Geom &g = p.g;
+    const TilePlan &tp = p.tp;
     const uint64_t blk = (uint64_t)blockIdx.y * gridDim.x + blockIdx.x;
-    if (blk >= p.n_blocks)
+    if (blk >= tp.n_blocks)
         return;
-    const uint64_t tile = blk >> 32 ? blk / p.groups : (uint32_t)blk / p.groups; /* 32-bit divide if it fits */
-    const uint32_t group = (uint32_t)(blk - tile * p.groups);
-    const uint64_t t0 = tile * p.tile_tokens;
-    const uint32_t tt = (uint32_t)min((uint64_t)p.tile_tokens, p.seq - t0);
-    const uint32_t r_lo = group * p.rows_per_group;
-    const uint32_t nr = min(p.rows_per_group, p.rows - r_lo);
+    const uint64_t tile = blk >> 32 ? blk / tp.groups : (uint32_t)blk / tp.groups; /* 32-bit divide if it fits */
+    const uint32_t group = (uint32_t)(blk - tile * tp.groups);
+    const uint64_t t0 = tile * tp.tile_tokens;
+    const uint32_t tt = (uint32_t)min((uint64_t)tp.tile_tokens, tp.seq - t0);
+    const uint32_t r_lo = group * tp.rows_per_group;
+    const uint32_t nr = min(tp.rows_per_group, g.rows - r_lo);
+    const uint32_t n_items = tt * nr * g.npu;
 
-    /* One chunk of pairs (usually all of them) at a time. Order within a block: the first batch of
-     * pair items and the first batch of copy items are loaded, the angles are computed (one per
-     * thread at most: the host sizes the tiles so), the copy items are stored and the rest of them
-     * streamed, then the block syncs and rotates. So the angle chain overlaps a memory round trip
-     * instead of delaying one, and at decode every load of a thread starts at once. Copy items are
-     * dealt from the last thread down, so the first warps, which compute the angles, get the fewest. */
-    for (uint32_t c0 = 0; c0 < p.half; c0 += p.chunk) {
-        const uint32_t cn = min(p.chunk, p.half - c0), nu = cn / VE;
-        const uint32_t n_items = tt * nr * nu, n_ang = tt * cn;
-        RotBatch<NB, RB> bt;
-        uint32_t i = threadIdx.x;
-        rot_load<ES, VE, RB>(p, bt, i, n_items, nu, nr, t0, r_lo, c0, cn);
-        [[maybe_unused]] CopyBatch<NB> cb;
-        [[maybe_unused]] uint32_t ci = kThreads - 1 - threadIdx.x;
-        [[maybe_unused]] const uint32_t n_copy = c0 == 0 ? tt * nr * p.nc : 0;
-        if constexpr (COPY)
-            copy_load<ES, VE>(p, cb, ci, n_copy, nr, t0, r_lo);
-        if (c0 > 0)
-            __syncthreads(); /* the previous chunk's readers of s_cs are done */
-        for (uint32_t j = threadIdx.x; j < n_ang; j += kThreads) {
-            uint32_t pr;
-            const int32_t x = angle_pos(p, t0, j, c0, cn, pr);
-            s_cs[j] = rope_cs(x, exp2((double)pr * p.log2_step));
-        }
-        if constexpr (COPY) {
-            for (;;) {
-                copy_store<NB>(cb);
-                ci += kCopyBatch * kThreads;
-                if (ci >= n_copy)
-                    break;
-                copy_load<ES, VE>(p, cb, ci, n_copy, nr, t0, r_lo);
-            }
-        }
-        __syncthreads();
+    RotBatch<NB, RB> bt;
+    uint32_t i = threadIdx.x;
+    rot_load<ES, VE, IL, RB>(g, bt, i, n_items, nr, t0, r_lo);
+    [[maybe_unused]] CopyBatch<NB> cb;
+    [[maybe_unused]] uint32_t ci = kThreads - 1 - threadIdx.x;
+    [[maybe_unused]] const uint32_t n_copy = tt * nr * g.nc;
+    if constexpr (COPY)
+        copy_load<NB>(g, cb, ci, n_copy, nr, t0, r_lo);
+    if (threadIdx.x < tt * g.half) {
+        const uint32_t tl = threadIdx.x / g.half;
+        s_cs[threadIdx.x] = angle_cs(p.a, t0 + tl, threadIdx.x - tl * g.half);
+    }
+    if constexpr (COPY) {
         for (;;) {
-            rot_store<DT, VE, RB>(p, bt, s_cs);
-            i += RB * kThreads;
-            if (i >= n_items)
+            copy_store<NB>(cb);
+            ci += kCopyBatch * kThreads;
+            if (ci >= n_copy)
                 break;
-            rot_load<ES, VE, RB>(p, bt, i, n_items, nu, nr, t0, r_lo, c0, cn);
+            copy_load<NB>(g, cb, ci, n_copy, nr, t0, r_lo);
         }
+    }
+    __syncthreads();
+    for (;;) {
+        rot_store<DT, VE, IL, RB>(g, bt, s_cs, t0);
+        i += RB * kThreads;
+        if (i >= n_items)
+            break;
+        rot_load<ES, VE, IL, RB>(g, bt, i, n_items, nr, t0, r_lo);
     }
 }
 
-/* The small-T kernel (decode): one token per block (blockIdx.x) and a few rows (blockIdx.y), one
- * item per thread, no loops over tiles, no run-time division. Each thread issues its loads first
- * (a pair item: its a and b units; a copy item: its unit), the first `half` threads then compute
- * the (cos, sin) of the token's pairs into shared memory (once per block, shared by all its rows of
- * q and k), copy items store, the block syncs, pair items rotate and store. Threads of rows past
- * the last (the last row group) load and store nothing but still reach the barrier.
- * COPY: the launch has copy items (blockDim.x > npu). */
-template <int DT, int VE, bool COPY>
-__global__ void __launch_bounds__(1024) rope_decode_kernel(const DecParams p)
+/* ---------------------------------------------------------------------------------------------
+ * The small-T (decode) kernel.
+ * ------------------------------------------------------------------------------------------- */
+
+/* One token per block (blockIdx.x) and a few rows (blockIdx.y * blockDim.y + threadIdx.y), one
+ * item per thread (threadIdx.x: [0, npu) pair units, then copy units), no loop over tiles and no
+ * run-time division. Each thread issues its loads first (a pair item: its a and b units; a copy
+ * item: its unit), the first `half` threads then compute the (cos, sin) of the token's pairs into
+ * shared memory (once per block, shared by all its rows of q and k), copy items store, the block
+ * syncs, pair items rotate and store. Threads of rows past the last (the last row group) load and
+ * store nothing but still reach the barrier. COPY: the launch has copy items (g.nc > 0). */
+template <int DT, int VE, bool IL, bool COPY>
+__global__ void __launch_bounds__(kDecMaxItems) rope_decode_kernel(const __grid_constant__ RopeParams p)
 {
     constexpr int ES = Elem<DT>::size, NB = VE * ES;
+    constexpr uint32_t PPU = IL ? VE / 2 : VE;
     extern __shared__ __align__(16) float2 s_cs[];
+    const Geom &g = p.g;
     const uint32_t x = threadIdx.x, t = blockIdx.x;
     const uint32_t r = blockIdx.y * blockDim.y + threadIdx.y;
-    const bool live = r < p.rows, kk = r >= p.nh0;
-    const uint32_t row = kk ? t * p.nh1 + (r - p.nh0) : t * p.nh0 + r;
-    const bool pair = !COPY || x < p.npu;
-    uint32_t off = x * NB;
+    const bool live = r < g.rows;
+    const bool pair = !COPY || x < g.npu;
+    uint32_t off = g.pair_b + x * g.ustep_b;
     if (COPY && !pair) {
-        const uint32_t c = x - p.npu;
-        off = (c < p.nc1 ? p.c1_b : p.c2_b) + c * NB;
+        const uint32_t c = x - g.npu;
+        off = (c < g.nc1 ? g.c1_b : g.c2_b) + c * NB;
     }
-    const size_t at = (size_t)row * p.row_bytes + off;
-    const unsigned char *src = (kk ? p.in1 : p.in0) + at;
-    unsigned char *dst = (kk ? p.out1 : p.out0) + at;
-    const bool do_copy = COPY && !pair && live && (kk ? p.copy1 : p.copy0) != 0;
+    const RowRef ref = row_ref(g, t, live ? r : 0);
+    const bool do_copy = COPY && !pair && live && ref.copy;
     Raw<NB> a{}, b{};
     if (live && pair) {
-        a = load<NB>(src);
-        b = load<NB>(src + p.stride_b);
+        a = load<NB>(ref.in + off);
+        if constexpr (!IL)
+            b = load<NB>(ref.in + off + g.stride_b);
     } else if (do_copy) {
-        a = load<NB>(src);
+        a = load<NB>(ref.in + off);
     }
-    for (uint32_t j = threadIdx.y * blockDim.x + x; j < p.half; j += p.n_threads) {
-        const int32_t ps = __ldg(p.pos + rope_axis(p, j) * p.seq + t);
-        s_cs[j] = rope_cs(ps, exp2((double)j * p.log2_step));
-    }
+    const uint32_t n_threads = blockDim.x * blockDim.y;
+    for (uint32_t j = threadIdx.y * blockDim.x + x; j < g.half; j += n_threads)
+        s_cs[j] = angle_cs(p.a, t, j);
     if (do_copy)
-        store<NB>(dst, a);
+        store<NB>(ref.out + off, a);
     __syncthreads();
     if (live && pair)
-        rotate_store<DT, VE>(a, b, s_cs + x * VE, dst, p.stride_b);
+        rotate_store<DT, VE, IL>(a, b, s_cs + x * PPU, ref.out + off, g.stride_b);
 }
 
-template <int DT, int VE>
-cudaError_t launch(const RopeParams &p, const DecParams *dp, dim3 blocks, dim3 threads, cudaStream_t st)
+/* ---------------------------------------------------------------------------------------------
+ * Launch: the instantiation for a dtype, unit width and layout.
+ * ------------------------------------------------------------------------------------------- */
+
+template <int DT, int VE, bool IL>
+cudaError_t launch(const RopeParams &p, const LaunchPlan &L, cudaStream_t st)
 {
-    if (dp) {
-        const size_t smem = (size_t)dp->half * sizeof(float2);
-        if (threads.x > dp->npu)
-            rope_decode_kernel<DT, VE, true><<<blocks, threads, smem, st>>>(*dp);
+    const bool copy = p.g.nc > 0;
+    if (L.decode) {
+        if (copy)
+            rope_decode_kernel<DT, VE, IL, true><<<L.blocks, L.threads, L.smem, st>>>(p);
         else
-            rope_decode_kernel<DT, VE, false><<<blocks, threads, smem, st>>>(*dp);
-        return cudaGetLastError();
+            rope_decode_kernel<DT, VE, IL, false><<<L.blocks, L.threads, L.smem, st>>>(p);
+    } else {
+        if (copy)
+            rope_multi_kernel<DT, VE, IL, true><<<L.blocks, L.threads, L.smem, st>>>(p);
+        else
+            rope_multi_kernel<DT, VE, IL, false><<<L.blocks, L.threads, L.smem, st>>>(p);
     }
-    const size_t smem = (size_t)p.tile_tokens * p.chunk * sizeof(float2);
-    if (p.nc)
-        rope_multi_kernel<DT, VE, true><<<blocks, kThreads, smem, st>>>(p);
-    else
-        rope_multi_kernel<DT, VE, false><<<blocks, kThreads, smem, st>>>(p);
     return cudaGetLastError();
 }
 
-/* The kernel instantiation for a dtype and unit width: 16, 8, 4 (and 2 for 16-bit types) bytes. */
-cudaError_t launch_dtype(lmk_dtype dt, uint32_t ve, const RopeParams &p, const DecParams *dp, dim3 blocks,
-                         dim3 threads, cudaStream_t st)
+/* IL exists only for units of two or more elements (plan_units never asks for it otherwise). */
+template <int DT, int VE> cudaError_t launch_layout(bool il, const RopeParams &p, const LaunchPlan &L, cudaStream_t st)
+{
+    if constexpr (VE >= 2) {
+        if (il)
+            return launch<DT, VE, true>(p, L, st);
+    }
+    return launch<DT, VE, false>(p, L, st);
+}
+
+template <int DT> cudaError_t launch_ve(uint32_t ve, bool il, const RopeParams &p, const LaunchPlan &L, cudaStream_t st)
+{
+    if constexpr (Elem<DT>::size == 2) {
+        if (ve == 8)
+            return launch_layout<DT, 8>(il, p, L, st);
+    }
+    return ve == 4 ? launch_layout<DT, 4>(il, p, L, st)
+         : ve == 2 ? launch_layout<DT, 2>(il, p, L, st)
+                   : launch_layout<DT, 1>(il, p, L, st);
+}
+
+cudaError_t launch_dtype(lmk_dtype dt, uint32_t ve, bool il, const RopeParams &p, const LaunchPlan &L, cudaStream_t st)
 {
     switch (dt) {
     case LMK_F32:
-        return ve == 4 ? launch<LMK_F32, 4>(p, dp, blocks, threads, st)
-             : ve == 2 ? launch<LMK_F32, 2>(p, dp, blocks, threads, st)
-                       : launch<LMK_F32, 1>(p, dp, blocks, threads, st);
+        return launch_ve<LMK_F32>(ve, il, p, L, st);
     case LMK_BF16:
-        return ve == 8 ? launch<LMK_BF16, 8>(p, dp, blocks, threads, st)
-             : ve == 4 ? launch<LMK_BF16, 4>(p, dp, blocks, threads, st)
-             : ve == 2 ? launch<LMK_BF16, 2>(p, dp, blocks, threads, st)
-                       : launch<LMK_BF16, 1>(p, dp, blocks, threads, st);
+        return launch_ve<LMK_BF16>(ve, il, p, L, st);
     default:
-        return ve == 8 ? launch<LMK_F16, 8>(p, dp, blocks, threads, st)
-             : ve == 4 ? launch<LMK_F16, 4>(p, dp, blocks, threads, st)
-             : ve == 2 ? launch<LMK_F16, 2>(p, dp, blocks, threads, st)
-                       : launch<LMK_F16, 1>(p, dp, blocks, threads, st);
+        return launch_ve<LMK_F16>(ve, il, p, L, st);
     }
 }
 
-template <int DT, int VE> void preload_one(cudaError_t *first)
+template <int DT, int VE, bool IL> void preload_layout(cudaError_t *first)
 {
     cudaFuncAttributes attr;
-    cudaError_t e = cudaFuncGetAttributes(&attr, rope_multi_kernel<DT, VE, true>);
+    cudaError_t e = cudaFuncGetAttributes(&attr, rope_multi_kernel<DT, VE, IL, true>);
     if (e == cudaSuccess)
-        e = cudaFuncGetAttributes(&attr, rope_multi_kernel<DT, VE, false>);
+        e = cudaFuncGetAttributes(&attr, rope_multi_kernel<DT, VE, IL, false>);
     if (e == cudaSuccess)
-        e = cudaFuncGetAttributes(&attr, rope_decode_kernel<DT, VE, true>);
+        e = cudaFuncGetAttributes(&attr, rope_decode_kernel<DT, VE, IL, true>);
     if (e == cudaSuccess)
-        e = cudaFuncGetAttributes(&attr, rope_decode_kernel<DT, VE, false>);
+        e = cudaFuncGetAttributes(&attr, rope_decode_kernel<DT, VE, IL, false>);
     if (e != cudaSuccess && *first == cudaSuccess)
         *first = e;
 }
+
+template <int DT, int VE> void preload_ve(cudaError_t *first)
+{
+    preload_layout<DT, VE, false>(first);
+    if constexpr (VE >= 2)
+        preload_layout<DT, VE, true>(first);
+}
+
+template <int DT> void preload_dtype(cudaError_t *first)
+{
+    if constexpr (Elem<DT>::size == 2)
+        preload_ve<DT, 8>(first);
+    preload_ve<DT, 4>(first);
+    preload_ve<DT, 2>(first);
+    preload_ve<DT, 1>(first);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Planning (host): units, geometry, angles, then the decode or the tile plan.
+ * ------------------------------------------------------------------------------------------- */
 
 uint64_t ceil_div(uint64_t a, uint64_t b)
 {
     return (a + b - 1) / b;
 }
 
+/* The unit plan: the widest unit (16 bytes down to one element) such that no unit straddles a
+ * rotated and an untouched range and every access is aligned: VE divides head_dim and the layout's
+ * boundaries (rope_dim/2 and pair_stride half-split, rope_dim interleaved), and VE * element size
+ * divides every base address and every byte stride that multiplies a nonzero index (a stride of an
+ * axis of length 1 never does). IL: interleaved pairs whole in a unit (VE >= 2); an interleaved
+ * layout left with one-element units runs half-split (plan_geometry). Small launches of 2-byte
+ * types take 8-byte units instead of 16 (kDecNarrowRows). */
+uint32_t plan_units(const lmk_rope_args *a, bool *il)
+{
+    const uint32_t es = a->dtype == LMK_F32 ? 4 : 2;
+    const uint32_t D = a->head_dim, R = a->rope_dim, half = R / 2, stride = a->pair_stride;
+    uint64_t bits = 0, rows = 0;
+    for (int i = 0; i < a->n_tensors; i++) {
+        const lmk_rope_tensor *t = &a->t[i];
+        bits |= (uintptr_t)t->in | (uintptr_t)t->out;
+        if (a->seq_len > 1)
+            bits |= (uint64_t)t->in_tok * es | (uint64_t)t->out_tok * es;
+        if (t->n_heads > 1)
+            bits |= (uint64_t)t->in_head * es | (uint64_t)t->out_head * es;
+        rows += t->n_heads;
+    }
+    uint32_t ve = 16 / es;
+    for (; ve > 1; ve >>= 1) {
+        const bool layout = a->interleaved ? R % ve == 0 : half % ve == 0 && stride % ve == 0;
+        if (layout && D % ve == 0 && (bits & (ve * es - 1)) == 0)
+            break;
+    }
+    if (es == 2 && ve == 8 && (uint64_t)a->seq_len * rows <= kDecNarrowRows)
+        ve = 4;
+    *il = a->interleaved && ve >= 2;
+    return ve;
+}
+
+/* The geometry of the whole row: rows, unit steps and the untouched ranges (plan_slice then picks
+ * the pairs of one launch). Half-split with pair stride s and h pairs, the untouched elements are
+ * [h, s) and [s + h, D) (the first empty for HALF_ROPE: then [R, D)); interleaved, [R, D). Rows over
+ * 4 GiB (offsets within a row are 32-bit) and more than 2^31 - 1 rows in one launch are
+ * UNSUPPORTED; validation bounds every tensor by memory, so no real shape comes near either.
+ * Returns the copy units of a row through *nc_row. */
+lmk_status plan_geometry(const lmk_rope_args *a, uint32_t ve, bool il, Geom *g, uint32_t *nc_row)
+{
+    const uint32_t es = a->dtype == LMK_F32 ? 4 : 2, nb = ve * es;
+    const uint64_t D = a->head_dim, R = a->rope_dim, half = R / 2, s = a->pair_stride;
+    const bool two = a->n_tensors == 2;
+    const uint64_t rows = (uint64_t)a->t[0].n_heads + (two ? a->t[1].n_heads : 0);
+    if (D * es > 0xffffffffu)
+        return lmk_fail(LMK_ERR_UNSUPPORTED, "rope: head_dim %llu (%llu bytes per row) exceeds the CUDA kernels' "
+                        "4 GiB row limit", (unsigned long long)D, (unsigned long long)(D * es));
+    if (rows > 0x7fffffffu)
+        return lmk_fail(LMK_ERR_UNSUPPORTED,
+                        "rope: %llu heads in one launch exceed the CUDA kernels' limit of 2^31 - 1",
+                        (unsigned long long)rows);
+    const lmk_rope_tensor *t0 = &a->t[0], *t1 = &a->t[two ? 1 : 0];
+    g->in0 = (const unsigned char *)t0->in, g->out0 = (unsigned char *)t0->out;
+    g->in1 = (const unsigned char *)t1->in, g->out1 = (unsigned char *)t1->out;
+    g->in_tok0 = t0->in_tok * es, g->in_head0 = t0->in_head * es;
+    g->out_tok0 = t0->out_tok * es, g->out_head0 = t0->out_head * es;
+    g->in_tok1 = t1->in_tok * es, g->in_head1 = t1->in_head * es;
+    g->out_tok1 = t1->out_tok * es, g->out_head1 = t1->out_head * es;
+    g->nh0 = t0->n_heads;
+    g->rows = (uint32_t)rows;
+    g->copy0 = t0->in != t0->out;
+    g->copy1 = two && t1->in != t1->out;
+    uint64_t c1, c2, nc1, nc;
+    if (a->interleaved) {
+        g->ustep_b = il ? nb : 2 * es; /* one-element units: a at 2p, b at 2p+1 */
+        g->stride_b = il ? 0 : es;
+        c1 = R, nc1 = (D - R) / ve, c2 = D, nc = nc1; /* range 2 is empty */
+    } else {
+        g->ustep_b = nb;
+        g->stride_b = (uint32_t)(s * es);
+        c1 = half, nc1 = (s - half) / ve, c2 = s + half, nc = nc1 + (D - s - half) / ve;
+    }
+    g->nc1 = (uint32_t)nc1;
+    g->c1_b = (uint32_t)(c1 * es);
+    g->c2_b = (uint32_t)(c2 * es - nc1 * nb); /* >= c1_b: range 2 starts nc1 units past c1 or later */
+    *nc_row = (g->copy0 || g->copy1) ? (uint32_t)nc : 0;
+    return LMK_OK;
+}
+
+/* The slice plan: the pairs [p0, p0 + n) one launch rotates (n <= kTabPairs; both multiples of ppu,
+ * the pairs of a unit), and the copy units, which the first launch alone moves. */
+void plan_slice(Geom *g, uint32_t p0, uint32_t n, uint32_t ppu, uint32_t nc_row)
+{
+    g->half = n;
+    g->npu = n / ppu;
+    g->pair_b = p0 / ppu * g->ustep_b;
+    g->nc = p0 == 0 ? nc_row : 0;
+}
+
+/* The host's angle tables, one per recent (configuration, slice) of this thread. n == 0: empty. */
+struct FreqTable {
+    int mode;
+    uint32_t sections[4];
+    uint32_t p0, n;    /* pairs [p0, p0 + n) */
+    double key[6];     /* freq_base, exp_n, freq_scale, ext_factor, ramp_low, ramp_high */
+    double freq[kTabPairs];
+    unsigned char axis[kTabPairs];
+};
+thread_local FreqTable t_freq[kFreqCache];
+thread_local unsigned t_freq_next;
+
+/* The table of g's pairs [p0, p0 + n): lmk_rope_axis_j and lmk_rope_freq (ff = 1) of each, from the
+ * cache when this thread computed it recently (keys compared bit for bit), else computed (~21 ns of
+ * pow() per pair on the dev box, more than the rest of the call for Llama's 64 pairs). */
+const FreqTable &freq_table(const lmk_rope_angle *g, uint32_t p0, uint32_t n)
+{
+    const double key[6] = {g->freq_base, g->exp_n, g->freq_scale, g->ext_factor, g->ramp_low, g->ramp_high};
+    for (int i = 0; i < kFreqCache; i++) {
+        const FreqTable &tb = t_freq[i];
+        if (tb.n == n && tb.p0 == p0 && tb.mode == (int)g->mode &&
+            memcmp(tb.sections, g->sections, sizeof tb.sections) == 0 && memcmp(tb.key, key, sizeof key) == 0)
+            return tb;
+    }
+    FreqTable &tb = t_freq[t_freq_next++ % kFreqCache];
+    tb.mode = (int)g->mode;
+    memcpy(tb.sections, g->sections, sizeof tb.sections);
+    memcpy(tb.key, key, sizeof key);
+    tb.p0 = p0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t j;
+        tb.axis[i] = (unsigned char)lmk_rope_axis_j((int)g->mode, g->sections, p0 + i, &j);
+        tb.freq[i] = lmk_rope_freq(g->freq_base, g->exp_n, g->freq_scale, g->ext_factor, g->ramp_low, g->ramp_high,
+                                   p0 + i, j, 1.0);
+    }
+    tb.n = n;
+    return tb;
+}
+
+/* The angle plan of pairs [p0, p0 + n): the table, and what the device needs to finish the angle. */
+void plan_angles(const lmk_rope_angle *g, uint32_t p0, uint32_t n, AnglePlan *ap)
+{
+    const FreqTable &tb = freq_table(g, p0, n);
+    memcpy(ap->freq, tb.freq, n * sizeof(double));
+    memcpy(ap->axis, tb.axis, n);
+    ap->ff = g->freq_factors ? g->freq_factors + p0 : NULL;
+    ap->pos = g->positions;
+    ap->pos_axis_stride = g->pos_axis_stride;
+    ap->pos_dtype = (int)g->pos_dtype;
+    ap->mscale = (float)g->mscale;
+}
+
+/* The decode plan, when it applies: blockDim (items per row, rows per block) with the rows
+ * balanced over the groups, a grid of (tokens, groups) of at most 2 blocks per SM. */
+bool plan_decode(const Geom &g, uint64_t seq, int sm_count, LaunchPlan *L)
+{
+    const uint64_t ipr = (uint64_t)g.npu + g.nc; /* items per row */
+    if (ipr > kDecMaxItems)
+        return false;
+    uint64_t rpb = kDecThreads / ipr;
+    rpb = rpb < 1 ? 1 : rpb > g.rows ? g.rows : rpb;
+    const uint64_t groups = ceil_div(g.rows, rpb);
+    if (seq * groups > 2 * (uint64_t)sm_count)
+        return false;
+    rpb = ceil_div(g.rows, groups);
+    L->decode = true;
+    L->blocks = dim3((unsigned)seq, (unsigned)groups, 1);
+    L->threads = dim3((unsigned)ipr, (unsigned)rpb, 1);
+    L->smem = (size_t)g.half * sizeof(float2);
+    return true;
+}
+
+/* The tile plan of the prefill kernel. A block's items are tile_tokens * rows_per_group * units; a
+ * tile holds ~kBlockItems of them (a few per thread, fine-grained enough to balance the SMs). Groups
+ * > 1 only when the tiles alone cannot occupy the GPU: then ~one item per thread. Items per block
+ * stay under 2^30. */
+void plan_tiles(const Geom &g, uint64_t seq, int sm_count, TilePlan *tp, LaunchPlan *L)
+{
+    tp->seq = seq;
+    const uint64_t units = (uint64_t)g.npu + g.nc, per_token = (uint64_t)g.rows * units;
+    /* With copy items, ~kBlockItems per block (rounded up); without, at most what one batch of
+     * every thread holds (rounded down), so each thread loads all its items before the barrier. */
+    uint64_t tile = g.nc ? ceil_div(kBlockItems, per_token) : (uint64_t)kRotBatch<false> * kThreads / per_token;
+    /* One angle per thread at most (the position loads of a second would wait behind the first;
+     * the kernel computes exactly one): half <= kTabPairs <= kThreads. */
+    const uint64_t tile_max = kThreads / g.half;
+    tile = tile < 1 ? 1 : tile > tile_max ? tile_max : tile;
+    tile = tile > seq ? seq : tile;
+    const uint64_t tiles = ceil_div(seq, tile);
+    uint64_t groups = ceil_div(tile * per_token, (uint64_t)1 << 30);
+    if (tiles < 2 * (uint64_t)sm_count) {
+        const uint64_t gmin = ceil_div(tile * per_token, kThreads);
+        groups = gmin > groups ? gmin : groups;
+    }
+    groups = groups > g.rows ? g.rows : groups;
+    tp->rows_per_group = (uint32_t)ceil_div(g.rows, groups);
+    tp->groups = (uint32_t)ceil_div(g.rows, tp->rows_per_group); /* no empty group */
+    tp->tile_tokens = (uint32_t)tile;
+    tp->n_blocks = tiles * tp->groups;
+    L->decode = false;
+    L->blocks = dim3((unsigned)tp->n_blocks, 1, 1);
+    if (tp->n_blocks > 0x7fffffffu) /* T near 2^32 with one token per tile */
+        L->blocks = dim3(1u << 30, (unsigned)ceil_div(tp->n_blocks, 1u << 30), 1);
+    L->threads = dim3(kThreads, 1, 1);
+    L->smem = (size_t)tp->tile_tokens * g.half * sizeof(float2);
+}
+
 } /* namespace */
 
+/* One launch per slice of kTabPairs pairs (one for rope_dim <= 256), each planned from scratch:
+ * every launch is a pure function of its parameters, so slices never depend on each other. */
 lmk_status lmk_cuda_rope(lmk_stream *s, const void *args)
 {
     const lmk_rope_args *a = (const lmk_rope_args *)args;
-    {
-        const lmk_rope_angle *g = &a->angle;
-        bool ok = (g->mode == LMK_ROPE_MROPE || g->mode == LMK_ROPE_IMROPE) && !a->interleaved &&
-                  g->freq_scale == 1.0 && g->ext_factor == 0.0 && g->mscale == 1.0 && !g->freq_factors &&
-                  g->pos_dtype != LMK_I64;
-        for (int i = 0; i < a->n_tensors; i++) {
-            const lmk_rope_tensor *t = &a->t[i];
-            ok = ok && t->in_head == a->head_dim && t->out_head == a->head_dim &&
-                 t->in_tok == (size_t)t->n_heads * a->head_dim && t->out_tok == t->in_tok;
-        }
-        if (!ok)
-            return lmk_fail(LMK_ERR_UNSUPPORTED, "rope: this mode, scaling or layout is not yet on CUDA");
-    }
     const lmk_cuda_device *d = lmk_cuda_dev(s->dev);
-    lmk_status st = lmk_cuda_use(d->ordinal, "rope_multi: cudaSetDevice");
+    lmk_status st = lmk_cuda_use(d->ordinal, "rope: cudaSetDevice");
     if (st != LMK_OK)
         return st;
-
-    const uint32_t es = a->dtype == LMK_F32 ? 4 : 2;
-    const uint32_t D = a->head_dim, half = a->rope_dim / 2;
-    const uint32_t stride = a->pair_stride;
-    const bool two = a->n_tensors == 2;
-
-    /* Widest unit (16 bytes down to one element) that divides the rotated half, the pair stride
-     * and the row, and to which every base address is aligned: then no unit straddles a rotated
-     * and an untouched range and every access is aligned. */
-    uintptr_t addr_bits = (uintptr_t)a->t[0].in | (uintptr_t)a->t[0].out;
-    if (two)
-        addr_bits |= (uintptr_t)a->t[1].in | (uintptr_t)a->t[1].out;
-    uint32_t ve = 16 / es;
-    while (ve > 1 && (half % ve || stride % ve || D % ve || (addr_bits & (ve * es - 1))))
-        ve >>= 1;
-    const uint64_t launch_rows = (uint64_t)a->seq_len * (a->t[0].n_heads + (two ? (uint64_t)a->t[1].n_heads : 0));
-    if (es == 2 && ve == 8 && launch_rows <= kDecNarrowRows)
-        ve = 4;
-
-    RopeParams p;
-    p.in0 = (const unsigned char *)a->t[0].in;
-    p.out0 = (unsigned char *)a->t[0].out;
-    p.in1 = two ? (const unsigned char *)a->t[1].in : p.in0;
-    p.out1 = two ? (unsigned char *)a->t[1].out : p.out0;
-    p.pos = (const int32_t *)a->angle.positions;
-    p.seq = a->seq_len;
-    p.nh0 = a->t[0].n_heads;
-    p.nh1 = two ? a->t[1].n_heads : 0;
-    p.head_dim = D;
-    p.stride = stride;
-    p.half = half;
-    p.copy0 = a->t[0].in != a->t[0].out;
-    p.copy1 = two && a->t[1].in != a->t[1].out;
-    if (stride != half) { /* untouched: [R/2, D/2) and [D/2 + R/2, D) */
-        p.c1 = half, p.nc1 = (D / 2 - half) / ve;
-        p.c2 = D / 2 + half;
-    } else { /* untouched: [R, D) */
-        p.c1 = a->rope_dim, p.nc1 = (D - a->rope_dim) / ve;
-        p.c2 = D;
+    bool il;
+    const uint32_t ve = plan_units(a, &il), ppu = il ? ve / 2 : ve, half = a->rope_dim / 2;
+    RopeParams p{};
+    uint32_t nc_row;
+    st = plan_geometry(a, ve, il, &p.g, &nc_row);
+    for (uint32_t p0 = 0; st == LMK_OK && p0 < half; p0 += kTabPairs) {
+        const uint32_t n = half - p0 < kTabPairs ? half - p0 : kTabPairs;
+        plan_slice(&p.g, p0, n, ppu, nc_row);
+        plan_angles(&a->angle, p0, n, &p.a);
+        LaunchPlan L;
+        if (!plan_decode(p.g, a->seq_len, d->sm_count, &L))
+            plan_tiles(p.g, a->seq_len, d->sm_count, &p.tp, &L);
+        const cudaError_t e = launch_dtype(a->dtype, ve, il, p, L, lmk_cuda_stream_of(s));
+        if (e != cudaSuccess)
+            st = lmk_cuda_fail(e, "rope: kernel launch");
     }
-    p.nc = (p.copy0 || p.copy1) ? (D - a->rope_dim) / ve : 0;
-    /* rope_axis's bounds (the sums of lmk_rope_axis, in 64 bits, capped at 2^32 - 1). */
-    {
-        const uint32_t *sec = a->angle.sections;
-        const uint64_t s0 = sec[0], s1 = sec[1], s2 = sec[2], s3 = sec[3];
-        const uint64_t sect = s0 + s1 + s2 + s3, cap = 0xffffffffu;
-        const bool im = a->angle.mode == LMK_ROPE_IMROPE;
-        const uint64_t lim[3] = {im ? 3 * s0 : s0, im ? 3 * s1 : s0 + s1, im ? 3 * s2 : s0 + s1 + s2};
-        p.sect = sect == 0 ? 1 : (uint32_t)(sect < cap ? sect : cap);
-        for (int i = 0; i < 3; i++)
-            p.lim[i] = (uint32_t)(lim[i] < cap ? lim[i] : cap);
-    }
-    p.mode = (int)a->angle.mode;
-    p.log2_step = -2.0 * log2(a->angle.freq_base) / (double)a->rope_dim;
-
-    /* Rows of q and k. Validation bounds every tensor by memory, so heads fit comfortably in 32
-     * bits; the sum is checked anyway because it indexes in 32 bits. */
-    const uint64_t rows = (uint64_t)p.nh0 + p.nh1;
-    if (rows > 0x7fffffffu)
-        return lmk_fail(LMK_ERR_UNSUPPORTED, "rope_multi: %llu heads in one launch exceed the CUDA kernel's limit",
-                        (unsigned long long)rows);
-    p.rows = (uint32_t)rows;
-
-    /* The small-T kernel when its grid is small: blockDim (items per row, rows per block), the rows
-     * balanced over the groups. */
-    const uint64_t ipr = (uint64_t)half / ve + p.nc; /* items per row */
-    if (half <= kDecMaxPairs && ipr <= kDecMaxItems) {
-        uint64_t rpb = kDecThreads / ipr;
-        rpb = rpb < 1 ? 1 : rpb > rows ? rows : rpb;
-        const uint64_t groups = ceil_div(rows, rpb);
-        if (a->seq_len * groups <= 2 * (uint64_t)d->sm_count) {
-            rpb = ceil_div(rows, groups);
-            DecParams q;
-            q.in0 = p.in0, q.in1 = p.in1, q.out0 = p.out0, q.out1 = p.out1;
-            q.pos = p.pos;
-            q.seq = (uint32_t)a->seq_len;
-            q.nh0 = p.nh0, q.nh1 = p.nh1, q.rows = p.rows;
-            q.row_bytes = D * es;
-            q.stride_b = stride * es;
-            q.npu = half / ve;
-            q.nc1 = p.nc1;
-            q.c1_b = p.c1 * es;
-            q.c2_b = p.c2 * es - p.nc1 * ve * es; /* >= 0: range 2 starts nc1 units past c1 or later */
-            q.half = half;
-            q.n_threads = (uint32_t)(ipr * rpb);
-            q.copy0 = p.copy0, q.copy1 = p.copy1;
-            q.sect = p.sect;
-            for (int i = 0; i < 3; i++)
-                q.lim[i] = p.lim[i];
-            q.mode = p.mode;
-            q.log2_step = p.log2_step;
-            const cudaError_t e = launch_dtype(a->dtype, ve, p, &q, dim3((unsigned)a->seq_len, (unsigned)groups, 1),
-                                               dim3((unsigned)ipr, (unsigned)rpb, 1), lmk_cuda_stream_of(s));
-            return e == cudaSuccess ? LMK_OK : lmk_cuda_fail(e, "rope_multi: kernel launch");
-        }
-    }
-
-    /* Tiles and row groups. A block's items are tile_tokens * rows_per_group * units; a tile holds
-     * ~kBlockItems of them (a few per thread, fine-grained enough to balance the SMs). Groups > 1
-     * only when the tiles alone cannot occupy the GPU (decode): then ~one item per thread, so a
-     * call's latency is one angle plus one memory round trip. Items per block stay under 2^30. */
-    p.chunk = half < kSmemPairs ? half : kSmemPairs - kSmemPairs % ve;
-    const uint64_t units = (uint64_t)half / ve + p.nc;       /* per row */
-    const uint64_t per_token = rows * units;
-    /* With copy items, ~kBlockItems per block (rounded up); without, at most what one batch of
-     * every thread holds (rounded down), so each thread loads all its items before the barrier. */
-    uint64_t tile = p.nc ? ceil_div(kBlockItems, per_token) : (uint64_t)kRotBatch<false> * kThreads / per_token;
-    /* At most one angle per thread (the position loads of a second would wait behind the first),
-     * which also keeps the tile within the shared table (kThreads <= kSmemPairs). */
-    const uint64_t tile_max = kThreads >= p.chunk ? kThreads / p.chunk : 1;
-    tile = tile < 1 ? 1 : tile > tile_max ? tile_max : tile;
-    if (tile > p.seq)
-        tile = p.seq;
-    const uint64_t tiles = ceil_div(p.seq, tile);
-    uint64_t groups = ceil_div(tile * per_token, (uint64_t)1 << 30);
-    if (tiles < 2 * (uint64_t)d->sm_count) {
-        const uint64_t g = ceil_div(tile * per_token, kThreads);
-        groups = g > groups ? g : groups;
-    }
-    if (groups > rows)
-        groups = rows;
-    p.rows_per_group = (uint32_t)ceil_div(rows, groups);
-    p.groups = (uint32_t)ceil_div(rows, p.rows_per_group); /* no empty group */
-    p.tile_tokens = (uint32_t)tile;
-    p.n_blocks = tiles * p.groups;
-    dim3 blocks((unsigned)p.n_blocks, 1, 1);
-    if (p.n_blocks > 0x7fffffffu) /* T near 2^32 with one token per tile */
-        blocks = dim3(1u << 30, (unsigned)ceil_div(p.n_blocks, 1u << 30), 1);
-
-    const cudaError_t e = launch_dtype(a->dtype, ve, p, nullptr, blocks, dim3(kThreads, 1, 1), lmk_cuda_stream_of(s));
-    return e == cudaSuccess ? LMK_OK : lmk_cuda_fail(e, "rope_multi: kernel launch");
+    return st;
 }
 
 cudaError_t lmk_cuda_rope_preload(void)
 {
     cudaError_t first = cudaSuccess;
-    preload_one<LMK_F32, 4>(&first);
-    preload_one<LMK_F32, 2>(&first);
-    preload_one<LMK_F32, 1>(&first);
-    preload_one<LMK_BF16, 8>(&first);
-    preload_one<LMK_BF16, 4>(&first);
-    preload_one<LMK_BF16, 2>(&first);
-    preload_one<LMK_BF16, 1>(&first);
-    preload_one<LMK_F16, 8>(&first);
-    preload_one<LMK_F16, 4>(&first);
-    preload_one<LMK_F16, 2>(&first);
-    preload_one<LMK_F16, 1>(&first);
+    preload_dtype<LMK_F32>(&first);
+    preload_dtype<LMK_BF16>(&first);
+    preload_dtype<LMK_F16>(&first);
     return first;
 }
