@@ -193,8 +193,10 @@ LMK_TARGET_AVX2 static void sincos_avx2(const double *theta, float *c, float *s,
 }
 #endif
 
-/* freq and axis of pairs [p0, p0 + n): once per thread and chunk. */
-static void fill_freqs(const rope_job *j, rope_table *tb, size_t p0, size_t n)
+/* freq and axis of pairs [p0, p0 + n): once per thread and chunk. `plain` (no scaling, no
+ * freq_factors: the 0.1 calls) passes lmk_rope_freq those values as constants, which fold away:
+ * ~570 instructions less per Qwen3.5 call, 45 ns of a 0.75 us K decode call. */
+LMK_INLINE void fill_freqs_as(const rope_job *j, rope_table *tb, size_t p0, size_t n, int plain)
 {
     const lmk_rope_angle *g = j->angle;
     tb->max_freq = 0;
@@ -202,15 +204,25 @@ static void fill_freqs(const rope_job *j, rope_table *tb, size_t p0, size_t n)
         const uint32_t p = (uint32_t)(p0 + i);
         uint32_t e;
         tb->axis[i] = (unsigned char)lmk_rope_axis_j((int)g->mode, g->sections, p, &e);
-        const double ff = g->freq_factors ? (double)g->freq_factors[p] : 1.0;
-        tb->freq[i] = lmk_rope_freq(g->freq_base, g->exp_n, g->freq_scale, g->ext_factor, g->ramp_low, g->ramp_high,
-                                    p, e, ff);
+        tb->freq[i] = plain ? lmk_rope_freq(g->freq_base, g->exp_n, 1.0, 0.0, 0.0, 0.0, p, e, 1.0)
+                            : lmk_rope_freq(g->freq_base, g->exp_n, g->freq_scale, g->ext_factor, g->ramp_low,
+                                            g->ramp_high, p, e,
+                                            g->freq_factors ? (double)g->freq_factors[p] : 1.0);
         /* an infinite freq makes the product below inf or NaN, so that token goes to libm */
         if (fabs(tb->freq[i]) > tb->max_freq)
             tb->max_freq = fabs(tb->freq[i]);
     }
     for (size_t i = n; i < (n + 7) / 8 * 8; i++) /* the vector tail reads whole groups of 8 */
         tb->freq[i] = 0, tb->axis[i] = 0;
+}
+
+static void fill_freqs(const rope_job *j, rope_table *tb, size_t p0, size_t n)
+{
+    const lmk_rope_angle *g = j->angle;
+    if (!g->freq_factors && g->freq_scale == 1.0 && g->ext_factor == 0.0)
+        fill_freqs_as(j, tb, p0, n, 1);
+    else
+        fill_freqs_as(j, tb, p0, n, 0);
 }
 
 /* m*cos and m*sin of every pair of the chunk for one token. */
