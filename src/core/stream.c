@@ -6,6 +6,8 @@
  */
 #include "core/internal.h"
 
+#include <fenv.h>
+
 lmk_status lmk_stream_create(lmk_device *dev, lmk_stream **out)
 {
     if (!dev)
@@ -45,10 +47,19 @@ lmk_device *lmk_stream_device(const lmk_stream *s)
     return s ? s->dev : NULL;
 }
 
+/* The backend runs under round-to-nearest whatever the caller set: its host-side preparation
+ * (narrowing doubles to kernel parameters, say) must not depend on the caller's rounding mode
+ * (lmk.h, determinism). The CPU paths also guard their worker threads (lmk_cpu_parallel). */
 lmk_status lmk_dispatch(lmk_stream *s, lmk_op_id id, const char *name, const void *args)
 {
     const lmk_op_fn fn = s->dev->ops->op[id];
     if (!fn)
         return lmk_fail(LMK_ERR_UNSUPPORTED, "%s: the %s backend of this build has no %s", name, s->dev->name, name);
-    return fn(s, args);
+    const int mode = fegetround();
+    if (mode != FE_TONEAREST)
+        fesetround(FE_TONEAREST);
+    const lmk_status st = fn(s, args);
+    if (mode != FE_TONEAREST)
+        fesetround(mode);
+    return st;
 }

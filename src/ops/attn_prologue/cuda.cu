@@ -97,7 +97,9 @@ __device__ __forceinline__ void narrow_store(int dt, unsigned char *p, uint64_t 
                 : __half_as_ushort(__float2half_rn(f));
         break;
     default:
-        p[i] = lmk_f8e4m3_from_f32_bits(__float_as_uint(__fdiv_rn(f, scale))); /* x / scale, not x * (1 / scale) */
+        /* x / scale, not x * (1 / scale). A NaN keeps its sign without going through the division:
+         * GPU arithmetic returns the canonical (positive) NaN, the host's keeps the operand's. */
+        p[i] = lmk_f8e4m3_from_f32_bits(f != f ? __float_as_uint(f) : __float_as_uint(__fdiv_rn(f, scale)));
         break;
     }
 }
