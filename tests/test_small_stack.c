@@ -284,8 +284,18 @@ static bool run_job(op_job *j, int n_threads, void *alt)
         small = (size_t)PTHREAD_STACK_MIN;
     poison_outputs(j);
     r = (stack_run){.job = j, .alt = alt};
-    if (!TST_REQUIRE(run_on_thread(&r, NULL, small), "%s: no thread with a %zu-byte stack", j->name, small))
-        return true;
+    /* Some systems cannot make a 32 KiB thread at all (a static TLS block as large as the CUDA
+     * runtime's is carved out of the stack; gVisor's limits): then 64 KiB (musl's default is 128),
+     * else a visible skip; the painted-stack measurement above has checked the bound either way. */
+    if (!run_on_thread(&r, NULL, small)) {
+        small = 2 * small;
+        poison_outputs(j);
+        r = (stack_run){.job = j, .alt = alt};
+        if (!run_on_thread(&r, NULL, small)) {
+            SKIP("%s: this system makes no thread with a %zu- or %zu-byte stack", j->name, small / 2, small);
+            return true;
+        }
+    }
     if (r.crashed) {
         TST_FAIL("%s, %d thread(s): overflowed a %zu-byte thread stack (SIGSEGV)", j->name, n_threads, small);
         return false;
