@@ -48,7 +48,8 @@ typedef struct rope_tensor_job {
     size_t heads;
     size_t in_tok, in_head, out_tok, out_head;
     int in_place;
-    int stream; /* streaming stores for this tensor's output */
+    int stream;                  /* streaming stores for this tensor's output */
+    size_t ahead_tok, ahead_head; /* in place: the prefetch distance (~16 KB of rows) */
 } rope_tensor_job;
 
 typedef struct rope_job {
@@ -71,13 +72,14 @@ typedef struct rope_table {
     double max_freq; /* max |freq| of the chunk */
 } rope_table;
 
-/* In place: which row to prefetch next (the run's k-th row prefetches the tensor's row `ahead`
- * rows later in (token, head) order). */
+/* In place: the row to prefetch next (the run's k-th row prefetches the tensor's row ~16 KB later
+ * in (token, head) order), walked by pointer steps. */
 typedef struct rope_prefetch {
-    const unsigned char *base; /* out + the rotated pairs' byte offset in a row */
-    size_t tok, head;          /* the next row to prefetch; tok == seq: none */
-    size_t heads, seq, tok_bytes, head_bytes;
-    size_t len, b_bytes;       /* bytes of the a segment; its b segment b_bytes on (0: none) */
+    const unsigned char *p;       /* the rotated pairs of the next row to prefetch */
+    size_t left;                  /* rows of the tensor from that one to its end (0: none) */
+    size_t head, heads;           /* its head, and the tensor's heads */
+    ptrdiff_t head_step, tok_step; /* bytes to the next row within a token, and from a token's last row */
+    size_t len, b_bytes;          /* bytes of the a segment; its b segment b_bytes on (NORMAL: 0) */
 } rope_prefetch;
 
 /* A run of consecutive heads of one token of one tensor and what to do to them. Offsets in bytes. */
@@ -348,16 +350,14 @@ static inline void copy_gaps(const rope_rows *r, size_t k, int nt)
  * order through the strides, so it never leaves the tensor. */
 static inline void prefetch_row(rope_prefetch *f)
 {
-    if (f->tok >= f->seq)
+    if (!f->left)
         return;
-    const unsigned char *a = f->base + f->tok * f->tok_bytes + f->head * f->head_bytes;
     for (size_t l = 0; l < f->len; l += 64) {
-        __builtin_prefetch(a + l, 1, 3);
-        if (f->b_bytes)
-            __builtin_prefetch(a + f->b_bytes + l, 1, 3);
+        __builtin_prefetch(f->p + l, 1, 3);
+        __builtin_prefetch(f->p + f->b_bytes + l, 1, 3); /* NORMAL: the same line again */
     }
-    if (++f->head == f->heads)
-        f->head = 0, f->tok++;
+    if (--f->left)
+        f->p += ++f->head == f->heads ? (f->head = 0, f->tok_step) : f->head_step;
 }
 
 /* ---- rows: AVX-512 and AVX2. dt, nt and il are constants in every instantiation below. ---- */
@@ -598,13 +598,27 @@ static void rows_scalar(lmk_dtype dt, int il, const rope_rows *r)
     }
 }
 
+/* In place: where the prefetch of the run starting at (token, head) begins. */
+static rope_prefetch make_prefetch(const rope_job *j, const rope_tensor_job *t, size_t token, size_t head, size_t a0,
+                                   size_t n)
+{
+    const size_t h = head + t->ahead_head, wrap = h >= t->heads, ph = wrap ? h - t->heads : h;
+    const size_t pt = token + t->ahead_tok + wrap, left = pt < j->seq ? (j->seq - pt) * t->heads - ph : 0;
+    return (rope_prefetch){
+        .p = left ? t->out + pt * t->out_tok + ph * t->out_head + a0 : NULL, .left = left,
+        .head = ph, .heads = t->heads, .head_step = (ptrdiff_t)t->out_head,
+        .tok_step = (ptrdiff_t)t->out_tok - (ptrdiff_t)((t->heads - 1) * t->out_head),
+        .len = (j->interleaved ? 2 * n : n) * j->es, .b_bytes = j->interleaved ? 0 : j->stride * j->es,
+    };
+}
+
 /* The run of heads [head, head + n_rows) of one token of tensor t, for pairs [p0, p0 + n). */
-static rope_rows make_rows(const rope_job *j, const rope_tensor_job *t, const rope_table *tb, size_t token,
-                           size_t head, size_t n_rows, size_t p0, size_t n, int copy)
+static void make_rows(rope_rows *r, const rope_job *j, const rope_tensor_job *t, const rope_table *tb, size_t token,
+                      size_t head, size_t n_rows, size_t p0, size_t n, int copy)
 {
     const size_t es = j->es, hd = j->head_dim * es, a0 = (j->interleaved ? 2 * p0 : p0) * es;
     const size_t b_bytes = j->stride * es, rot_end = 2 * j->half * es; /* interleaved: the rotated run */
-    rope_rows r = {
+    *r = (rope_rows){
         .in = t->in + token * t->in_tok + head * t->in_head,
         .out = t->out + token * t->out_tok + head * t->out_head,
         .n_rows = n_rows, .in_rb = t->in_head, .out_rb = t->out_head,
@@ -612,21 +626,14 @@ static rope_rows make_rows(const rope_job *j, const rope_tensor_job *t, const ro
         .copy = copy && !t->in_place, .nt = t->stream, .prefetch = t->in_place,
     };
     if (j->interleaved) {
-        r.gap[0][0] = r.gap[0][1] = rot_end;
-        r.gap[1][0] = rot_end, r.gap[1][1] = hd;
+        r->gap[0][0] = r->gap[0][1] = rot_end;
+        r->gap[1][0] = rot_end, r->gap[1][1] = hd;
     } else {
-        r.gap[0][0] = j->half * es, r.gap[0][1] = b_bytes;
-        r.gap[1][0] = b_bytes + j->half * es, r.gap[1][1] = hd;
+        r->gap[0][0] = j->half * es, r->gap[0][1] = b_bytes;
+        r->gap[1][0] = b_bytes + j->half * es, r->gap[1][1] = hd;
     }
-    if (t->in_place) {
-        const size_t idx = head + (16384 + hd - 1) / hd; /* the row ~16 KB ahead */
-        r.pf = (rope_prefetch){
-            .base = t->out + a0, .tok = token + idx / t->heads, .head = idx % t->heads,
-            .heads = t->heads, .seq = j->seq, .tok_bytes = t->out_tok, .head_bytes = t->out_head,
-            .len = (j->interleaved ? 2 * n : n) * es, .b_bytes = j->interleaved ? 0 : b_bytes,
-        };
-    }
-    return r;
+    if (t->in_place)
+        r->pf = make_prefetch(j, t, token, head, a0, n);
 }
 
 /* Rotates pairs [p0, p0 + n) (n may be 0) of the rows [first, last) of one token, q heads first
@@ -640,7 +647,8 @@ static void process_rows(const rope_job *j, const rope_table *tb, size_t token, 
         const size_t a = first > base ? first - base : 0, b = last - base < t->heads ? last - base : t->heads;
         if (last <= base || a >= b)
             continue;
-        const rope_rows r = make_rows(j, t, tb, token, a, b - a, p0, n, copy);
+        rope_rows r;
+        make_rows(&r, j, t, tb, token, a, b - a, p0, n, copy);
 #if LMK_CPU_X86
         if (j->isa == LMK_CPU_AVX512) {
             j->interleaved ? rows_avx512_adjacent(j->dtype, &r) : rows_avx512_split(j->dtype, &r);
@@ -723,6 +731,8 @@ lmk_status lmk_cpu_rope(lmk_stream *s, const void *args)
             .out_tok = t->out_tok * j.es, .out_head = t->out_head * j.es,
             .in_place = t->in == t->out,
         };
+        const size_t ahead = (16384 + j.head_dim * j.es - 1) / (j.head_dim * j.es); /* rows */
+        j.t[ti].ahead_tok = ahead / t->n_heads, j.t[ti].ahead_head = ahead % t->n_heads;
         bytes += 2 * j.seq * t->n_heads * j.head_dim * j.es;
     }
     j.rows_per_token = j.t[0].heads + j.t[1].heads;
