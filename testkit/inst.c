@@ -117,7 +117,7 @@ void tst_inst_fill(tst_inst *in, const lmk_buffer *view, tst_rng *r)
 
 /* ---- the life of a case ---- */
 
-static void fill_all(tst_inst *in, uint64_t seed)
+void tst_inst_refill(tst_inst *in, uint64_t seed)
 {
     for (int i = 0; i < in->mem.n_r; i++)
         if (in->mem.r[i].host)
@@ -138,7 +138,7 @@ lmk_status tst_inst_make(const tst_case *c, lmk_device *dev, uint64_t seed, unsi
     in->mem.hook = hook;
     lmk_status st = c->op->setup(in);
     if (st == LMK_OK) {
-        fill_all(in, seed);
+        tst_inst_refill(in, seed);
         st = tst_mem_upload(&in->mem);
     }
     for (int t = 0; t < LMK_DTYPE_COUNT; t++) {
@@ -162,7 +162,7 @@ lmk_status tst_inst_reset(tst_inst *in, uint64_t seed)
 {
     if (in->flags & TST_INST_FAST)
         return tst_fail(LMK_ERR_INVALID_ARGUMENT, "testkit: a TST_INST_FAST instance keeps no inputs to reset");
-    fill_all(in, seed);
+    tst_inst_refill(in, seed);
     return tst_mem_upload(&in->mem);
 }
 

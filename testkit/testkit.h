@@ -274,6 +274,9 @@ lmk_status tst_inst_make(const tst_case *c, lmk_device *dev, uint64_t seed, unsi
                          const tst_alloc_hook *hook, tst_inst **out);
 /* Fresh inputs from `seed`, outputs poisoned again, uploaded (not for TST_INST_FAST). */
 lmk_status tst_inst_reset(tst_inst *in, uint64_t seed);
+/* The same in the host copies only: the caller uploads them (test_cuda_graph does it with
+ * cudaMemcpyAsync, in its stream's order). */
+void tst_inst_refill(tst_inst *in, uint64_t seed);
 lmk_status tst_inst_run(const tst_inst *in, lmk_stream *s);
 /* After a run and a sync: outputs against the reference, then every other byte untouched. */
 bool tst_inst_verify(const tst_inst *in, tst_result *res);

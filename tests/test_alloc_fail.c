@@ -2,9 +2,10 @@
  * test_alloc_fail.c - every host allocation of the library can fail, and each failure is clean.
  *
  * An lmk_allocator hook counts the library's host allocations and fails the N-th. A scenario that
- * touches every allocating path (open a device, make two streams with worker pools, alloc, wrap
- * and view buffers, run repeat_tiled, rope_multi and rope_multi_qk, free everything) runs for
- * N = 1, 2, ... until it completes without reaching allocation N. For each N:
+ * touches every allocating path (open a device, make two streams with worker pools, make every
+ * op's contract cases of the registry tst_ops: allocations, dense and strided views; run them on
+ * both streams, free everything) runs for N = 1, 2, ... until it completes without reaching
+ * allocation N. For each N:
  *   - the call that needed allocation N returned LMK_ERR_OUT_OF_MEMORY with a message (a failure
  *     that the library swallowed, or reported as another status, is a failure of this test);
  *   - after the scenario's cleanup no allocation is outstanding (the hook tracks every pointer, so
@@ -102,27 +103,19 @@ static long hook_get(const long *field)
 
 /* ---- the scenario ---- */
 
-enum { T = 32, HG = 4, H = 8, K = 64, HD = 256, RD = 64, NQ = 8, NK = 2 };
-#define N_SRC ((size_t)T * HG * K)
-#define N_DST ((size_t)T * H * K)
-#define N_Q ((size_t)T * NQ * HD)
-#define N_K ((size_t)T * NK * HD)
+#define MAX_CASES 64
 
-typedef struct host_data {
-    float src[N_SRC];
-    float q[N_Q], k[N_K];
-    uint16_t kb[N_K]; /* bf16 */
-    int32_t pos[4 * T];
-} host_data;
-
-static host_data *g_in;
+/* The cases the scenario runs on a backend: every contract case of every op (tst_ops) that the
+ * backend supports. */
+static tst_case g_cases[MAX_CASES];
+static int g_n_cases;
 
 typedef struct scenario {
     lmk_device *dev;
     lmk_stream *s[2];
-    lmk_buffer *b[16];
-    int nb;
+    tst_inst *in[MAX_CASES];
     const char *failed_call;  /* the first call that did not return LMK_OK */
+    char failed_case[TST_CASE_NAME];
     lmk_status st;
     char msg[512];            /* its message */
 } scenario;
@@ -139,179 +132,134 @@ typedef struct scenario {
         }                                                                                                    \
     } while (0)
 
-/* The next free handle slot of the scenario (freed in reverse order: views before parents). */
-static lmk_buffer **slot(scenario *sc) { return &sc->b[sc->nb++]; }
-
-static const lmk_rope_multi_params k_rope = {
-    .head_dim = HD, .rope_dim = RD, .n_heads = NQ, .seq_len = T, .freq_base = 1e7f, .mode = LMK_ROPE_IMROPE,
-    .sections = {11, 11, 10, 0}, .pairing = LMK_ROPE_PAIR_HALF_ROPE,
-};
-
-/* Checks the scenario's results against the references; returns false with a message. */
-static bool verify(scenario *sc, lmk_buffer *dst, lmk_buffer *q_out, lmk_buffer *q_in_place, lmk_buffer *k_in_place,
-                   lmk_buffer *kb, char *msg, size_t n)
-{
-    bool ok = false;
-    float *want = malloc(N_DST * sizeof(float)), *got_dst = tst_read_all(dst);
-    void *got_q = tst_read_all(q_out), *got_q2 = tst_read_all(q_in_place), *got_k = tst_read_all(k_in_place);
-    void *got_kb = tst_read_all(kb);
-    (void)sc;
-    if (!want || !got_dst || !got_q || !got_q2 || !got_k || !got_kb) {
-        snprintf(msg, n, "could not read the results back");
-        goto done;
-    }
-    const lmk_repeat_args ra = tst_repeat_host_args(g_in->src, want, T, HG, H, K, 4);
-    lmk_ref_repeat(&ra);
-    if (tst_bits_diff(want, got_dst, N_DST * sizeof(float)) >= 0) {
-        snprintf(msg, n, "repeat_tiled differs from the reference");
-        goto done;
-    }
-    const lmk_rope_args a = tst_rope_host_args(&k_rope, NK, 2, LMK_F32, g_in->q, g_in->k, g_in->pos);
-    const void *got1[2] = {got_q, got_k};
-    if (!tst_rope_check(&a, got1, 1e-5, msg, n))
-        goto done;
-    const void *got2[2] = {got_q2, got_k};
-    if (!tst_rope_check(&a, got2, 1e-5, msg, n))
-        goto done;
-    lmk_rope_multi_params kp = k_rope;
-    kp.n_heads = NK;
-    const lmk_rope_args b = tst_rope_host_args(&kp, 0, 1, LMK_BF16, g_in->kb, NULL, g_in->pos);
-    const void *got3[2] = {got_kb, NULL};
-    ok = tst_rope_check(&b, got3, 1e-5, msg, n);
-done:
-    free(want);
-    free(got_dst);
-    free(got_q);
-    free(got_q2);
-    free(got_k);
-    free(got_kb);
-    return ok;
-}
-
-/* The scenario on `backend`; returns its status (LMK_OK when every call succeeded and `check`
- * found the results right). */
-static lmk_status run_scenario(lmk_backend backend, scenario *sc, bool check)
+/* The scenario on `backend`: open a device with 2 threads, two streams, make every case (its
+ * buffers and views), run them alternately on the two streams, sync, free everything. Returns its
+ * status (LMK_OK when every call succeeded and, with `check`, every result matched the reference). */
+static lmk_status run_scenario(lmk_backend backend, scenario *sc, bool check, uint64_t seed)
 {
     memset(sc, 0, sizeof *sc);
-    const size_t s_src[3] = {T, HG, K}, s_dst[3] = {T, H, K}, s_q[3] = {T, NQ, HD}, s_k[3] = {T, NK, HD};
-    const size_t s_pos[1] = {4 * T};
-    const size_t q_bytes = N_Q * 4, k_bytes = N_K * 4;
-    lmk_buffer *src, *dst, *pos, *parent, *q_in, *q_out, *q2, *k_in, *kb;
-
     STEP(sc, lmk_device_open(backend, 0, &sc->dev));
     STEP(sc, lmk_device_set_threads(sc->dev, 2));
     STEP(sc, lmk_stream_create(sc->dev, &sc->s[0]));
     STEP(sc, lmk_stream_create(sc->dev, &sc->s[1]));
-
-    /* repeat_tiled: src allocated with a shape, dst a pooled allocation 64 bytes larger. */
-    STEP(sc, lmk_buffer_alloc(sc->dev, N_SRC * 4, LMK_F32, s_src, 3, slot(sc)));
-    src = sc->b[sc->nb - 1];
-    STEP(sc, lmk_buffer_write(src, 0, g_in->src, N_SRC * 4));
-    STEP(sc, lmk_buffer_alloc(sc->dev, N_DST * 4 + 64, LMK_F32, s_dst, 3, slot(sc)));
-    dst = sc->b[sc->nb - 1];
-    STEP(sc, lmk_repeat_tiled(sc->s[0], src, dst, &(lmk_repeat_tiled_params){T, HG, H, K}));
-
-    /* Positions: wrapped host memory on the CPU (CUDA cannot wrap host memory), else allocated. */
-    if (backend == LMK_BACKEND_CPU) {
-        STEP(sc, lmk_buffer_wrap(sc->dev, g_in->pos, sizeof g_in->pos, LMK_I32, s_pos, 1, slot(sc)));
-    } else {
-        STEP(sc, lmk_buffer_alloc(sc->dev, sizeof g_in->pos, LMK_I32, s_pos, 1, slot(sc)));
-        STEP(sc, lmk_buffer_write(sc->b[sc->nb - 1], 0, g_in->pos, sizeof g_in->pos));
+    for (int i = 0; i < g_n_cases; i++) {
+        snprintf(sc->failed_case, sizeof sc->failed_case, "%s", g_cases[i].name);
+        STEP(sc, tst_inst_make(&g_cases[i], sc->dev, tst_seed_mix(seed, (uint64_t)i, 0), 0, NULL, &sc->in[i]));
+        STEP(sc, tst_inst_run(sc->in[i], sc->s[i % 2]));
     }
-    pos = sc->b[sc->nb - 1];
-
-    /* q and k: views into one parent allocation. */
-    STEP(sc, lmk_buffer_alloc(sc->dev, 3 * q_bytes + k_bytes + 256, LMK_U8, NULL, 0, slot(sc)));
-    parent = sc->b[sc->nb - 1];
-    STEP(sc, lmk_buffer_view(parent, 0, LMK_F32, s_q, 3, slot(sc)));
-    q_in = sc->b[sc->nb - 1];
-    STEP(sc, lmk_buffer_view(parent, q_bytes, LMK_F32, s_q, 3, slot(sc)));
-    q_out = sc->b[sc->nb - 1];
-    STEP(sc, lmk_buffer_view(parent, 2 * q_bytes + 128, LMK_F32, s_q, 3, slot(sc)));
-    q2 = sc->b[sc->nb - 1];
-    STEP(sc, lmk_buffer_view(parent, 3 * q_bytes + 256, LMK_F32, s_k, 3, slot(sc)));
-    k_in = sc->b[sc->nb - 1];
-    STEP(sc, lmk_buffer_write(q_in, 0, g_in->q, q_bytes));
-    STEP(sc, lmk_buffer_write(q2, 0, g_in->q, q_bytes));
-    STEP(sc, lmk_buffer_write(k_in, 0, g_in->k, k_bytes));
-    STEP(sc, lmk_buffer_alloc(sc->dev, N_K * 2, LMK_BF16, s_k, 3, slot(sc)));
-    kb = sc->b[sc->nb - 1];
-    STEP(sc, lmk_buffer_write(kb, 0, g_in->kb, N_K * 2));
-
-    /* rope_multi out of place on one stream, rope_multi_qk in place on the other, bf16 in place. */
-    STEP(sc, lmk_rope_multi(sc->s[1], q_in, q_out, pos, &k_rope));
-    STEP(sc, lmk_rope_multi_qk(sc->s[0], q2, q2, k_in, k_in, pos, &k_rope, NK));
-    lmk_rope_multi_params pk = k_rope;
-    pk.n_heads = NK;
-    STEP(sc, lmk_rope_multi(sc->s[1], kb, kb, pos, &pk));
+    sc->failed_case[0] = '\0';
     STEP(sc, lmk_stream_sync(sc->s[0]));
     STEP(sc, lmk_stream_sync(sc->s[1]));
-
-    if (check && !verify(sc, dst, q_out, q2, k_in, kb, sc->msg, sizeof sc->msg)) {
-        sc->st = LMK_ERR_DEVICE;
-        sc->failed_call = "verify";
+    for (int i = 0; check && i < g_n_cases; i++) {
+        tst_result res;
+        if (!tst_inst_verify(sc->in[i], &res)) {
+            sc->st = LMK_ERR_DEVICE;
+            sc->failed_call = "verify";
+            snprintf(sc->failed_case, sizeof sc->failed_case, "%s", g_cases[i].name);
+            snprintf(sc->msg, sizeof sc->msg, "%s", res.msg);
+            break;
+        }
     }
 
 cleanup:
-    for (int i = sc->nb - 1; i >= 0; i--)
-        lmk_buffer_free(sc->b[i]);
+    for (int i = g_n_cases - 1; i >= 0; i--)
+        tst_inst_free(sc->in[i]);
     lmk_stream_destroy(sc->s[1]);
     lmk_stream_destroy(sc->s[0]);
     lmk_device_close(sc->dev);
     return sc->st;
 }
 
-/* Fails allocation N = 1, 2, ... on `backend` until the scenario no longer reaches N. */
+/* The contract cases of every op that `backend` runs (one visible SKIP for those it does not);
+ * with LMK_TEST_QUICK (the sanitizer run) the first of each op only, which still reaches every
+ * op's allocating paths. */
+static bool pick_cases(lmk_backend backend, const char *name)
+{
+    g_n_cases = 0;
+    lmk_device *dev = NULL;
+    lmk_stream *s = NULL;
+    if (!TST_REQUIRE(lmk_device_open(backend, 0, &dev) == LMK_OK && lmk_stream_create(dev, &s) == LMK_OK,
+                     "%s: open: %s", name, lmk_last_error())) {
+        lmk_device_close(dev);
+        return false;
+    }
+    int unsupported = 0;
+    for (int o = 0; o < tst_op_count; o++)
+        for (int i = 0; i < tst_ops[o]->n_cases() && g_n_cases < MAX_CASES; i++) {
+            const tst_case c = tst_op_case(tst_ops[o], i);
+            if (!(c.flags & TST_CASE_CONTRACT) || (tst_quick() && g_n_cases && g_cases[g_n_cases - 1].op == c.op))
+                continue;
+            tst_result res;
+            lmk_status st;
+            if (tst_case_check(&c, s, 1, &res, &st) || st != LMK_ERR_UNSUPPORTED)
+                g_cases[g_n_cases++] = c;
+            else
+                unsupported++;
+        }
+    if (unsupported)
+        SKIP("%s: %d contract cases are not supported on this backend (LMK_ERR_UNSUPPORTED); the scenario runs "
+             "the other %d", name, unsupported, g_n_cases);
+    lmk_stream_destroy(s);
+    lmk_device_close(dev);
+    return true;
+}
+
+/* Fails allocation N = 1, 2, ... on `backend` until the scenario no longer reaches N. After each
+ * failure the scenario runs again in full; its results are verified against the references after
+ * the first failure and every 16th (verifying after each one costs minutes under the sanitizers
+ * and finds nothing the runs in between would not: each run makes every buffer afresh). */
 static void test_backend(lmk_backend backend, const char *name, long *faults)
 {
+    if (!pick_cases(backend, name))
+        return;
     scenario sc;
+    const uint64_t seed = tst_case_seed();
     long n = 1;
     for (;; n++) {
         hook_reset(n);
-        const lmk_status st = run_scenario(backend, &sc, false);
+        const lmk_status st = run_scenario(backend, &sc, false, seed);
         const long injected = hook_get(&g_hook.injected), live = hook_get(&g_hook.live);
+        const char *call = sc.failed_call ? sc.failed_call : "(no call)";
         if (injected == 0) { /* the scenario made fewer than n allocations: done */
-            CHECK(st == LMK_OK, "%s: scenario without an injected failure failed at %s: %s (%s)", name,
-                  sc.failed_call, lmk_status_name(st), sc.msg);
+            CHECK(st == LMK_OK, "%s: scenario without an injected failure failed at %s [%s]: %s (%s)", name, call,
+                  sc.failed_case, lmk_status_name(st), sc.msg);
             break;
         }
         *faults += injected;
         CHECK(st == LMK_ERR_OUT_OF_MEMORY && sc.msg[0] != '\0',
-              "%s: allocation %ld failed: %s returned %s with message \"%s\" "
+              "%s: allocation %ld failed: %s [%s] returned %s with message \"%s\" "
               "(want LMK_ERR_OUT_OF_MEMORY and a message)",
-              name, n, sc.failed_call ? sc.failed_call : "(every call)", lmk_status_name(st), sc.msg);
-        CHECK(live == 0, "%s: allocation %ld failed in %s: %ld allocations outstanding after cleanup", name, n,
-              sc.failed_call ? sc.failed_call : "(no call)", live);
-        const char *call = sc.failed_call ? sc.failed_call : "-";
-        printf("  %s: allocation %2ld failed: %.*s -> %s \"%s\"\n", name, n, (int)strcspn(call, "("), call,
-               lmk_status_name(st), sc.msg);
+              name, n, call, sc.failed_case, lmk_status_name(st), sc.msg);
+        CHECK(live == 0, "%s: allocation %ld failed in %s: %ld allocations outstanding after cleanup", name, n, call,
+              live);
+        if (n <= 8 || n % 16 == 0)
+            printf("  %s: allocation %3ld failed: %.*s -> %s \"%s\"\n", name, n, (int)strcspn(call, "("), call,
+                   lmk_status_name(st), sc.msg);
 
         /* The library still works. */
         hook_reset(0);
-        const lmk_status st2 = run_scenario(backend, &sc, true);
+        const lmk_status st2 = run_scenario(backend, &sc, n == 1 || n % 16 == 0, seed);
         CHECK(st2 == LMK_OK && hook_get(&g_hook.live) == 0,
-              "%s: after failing allocation %ld, a full scenario: %s at %s (%s), %ld outstanding", name, n,
-              lmk_status_name(st2), sc.failed_call ? sc.failed_call : "-", sc.msg, hook_get(&g_hook.live));
+              "%s: after failing allocation %ld, a full scenario: %s at %s [%s] (%s), %ld outstanding", name, n,
+              lmk_status_name(st2), sc.failed_call ? sc.failed_call : "-", sc.failed_case, sc.msg,
+              hook_get(&g_hook.live));
         if (n > 10000) {
             TST_FAIL("%s: the scenario never stops allocating", name);
             break;
         }
     }
-    printf("%s: the scenario makes %ld host allocations; each one failed in turn\n", name, n - 1);
+    /* And verified once more at the end, after every failure. */
+    hook_reset(0);
+    const lmk_status st = run_scenario(backend, &sc, true, seed);
+    CHECK(st == LMK_OK, "%s: the final verified scenario: %s at %s [%s] (%s)", name, lmk_status_name(st),
+          sc.failed_call ? sc.failed_call : "-", sc.failed_case, sc.msg);
+    printf("%s: the scenario (%d contract cases of %d ops) makes %ld host allocations; each one failed in turn\n",
+           name, g_n_cases, tst_op_count, n - 1);
 }
 
 int main(void)
 {
-    g_in = malloc(sizeof *g_in);
-    if (!TST_REQUIRE(g_in != NULL, "out of host memory"))
-        return harness_summary();
-    tst_rng r = tst_rng_make(tst_case_seed());
-    tst_fill_float(&r, LMK_F32, g_in->src, N_SRC, -2, 2);
-    tst_fill_float(&r, LMK_F32, g_in->q, N_Q, -2, 2);
-    tst_fill_float(&r, LMK_F32, g_in->k, N_K, -2, 2);
-    tst_fill_float(&r, LMK_BF16, g_in->kb, N_K, -2, 2);
-    tst_positions_random(&r, g_in->pos, T, 0, 262143);
-
+    tst_program_seed();
     static const lmk_allocator hook = {hook_alloc, hook_free, NULL};
     lmk_set_allocator(&hook);
     long faults = 0;
@@ -328,6 +276,5 @@ int main(void)
           hook_get(&g_hook.bad_align));
     CHECK(faults > 0, "no allocation failure was injected");
     printf("alloc_fail: %ld faults injected\n", faults);
-    free(g_in);
     return harness_summary();
 }

@@ -1,15 +1,16 @@
 /*
  * test_cuda_graph.c - lmk ops inside CUDA graphs, CUDA stream interop, and asynchronous faults.
  *
- * 1. Graph replay. The ops of one Qwen3.5-27B layer step (rope Q+K f32 out of place, rope Q+K bf16
- *    in place, repeat_tiled 16->48 f32 and 16->32 bf16) are captured into one CUDA graph, on a
- *    stream from lmk_stream_create and again on a caller's cudaStream_t wrapped with
- *    lmk_stream_wrap_cuda over caller-owned (cudaMalloc) memory. The graph must hold exactly four
- *    kernels (Q+K is one launch). It is replayed several times; between replays the positions are
- *    rewritten (cudaMemcpyAsync on the stream, or lmk_buffer_write after a sync), the repeat
- *    sources are redrawn and the outputs poisoned, and every replay is checked against the float64
- *    references on host copies: rope f32 within 1e-5, bf16 within one ulp (+1e-6), copied elements
- *    and repeat outputs bit-exact.
+ * 1. Graph replay. Every contract case of every op of the registry (tst_ops: real model layers,
+ *    dense and strided operands, in place and not) is captured into one CUDA graph, on a stream
+ *    from lmk_stream_create and again on a caller's cudaStream_t wrapped with lmk_stream_wrap_cuda
+ *    over caller-owned (cudaMalloc) memory. The graph must hold exactly one kernel per call (the
+ *    descriptors say how many each launches: Q+K rope is one). It is replayed several times;
+ *    between replays every input is redrawn and every output poisoned again (through
+ *    cudaMemcpyAsync on the stream, or lmk_buffer_write after a sync), and every replay is checked
+ *    against the float64 references on the host copies (each descriptor's verification: rope f32
+ *    within 1e-5, bf16 within one ulp (+1e-6), copies bit-exact, nothing written outside the
+ *    outputs).
  * 2. Interop contracts: the handle round trip, a borrowed stream outliving its lmk handle, and
  *    lmk_stream_wrap_cuda's argument errors.
  * 3. Faults. An op reading freed device memory, and one reading an address nothing maps, must come
@@ -31,178 +32,124 @@
 HARNESS_DEFINE;
 
 enum { CHILD_PASS = 0, CHILD_FAIL = 1, CHILD_SKIP = 77 };
+enum { REPLAYS = 4, MAX_INST = 64 };
 
-/* The Qwen3.5/3.6-27B full-attention layer: 24 q heads, 4 k heads, head_dim 256, rope_dim 64. */
-static const lmk_rope_multi_params k_rope27 = {
-    .head_dim = 256, .rope_dim = 64, .n_heads = 24, .seq_len = 0, .freq_base = 1e7f,
-    .mode = LMK_ROPE_IMROPE, .sections = {11, 11, 10, 0}, .pairing = LMK_ROPE_PAIR_HALF_ROPE,
-};
-enum { N_K_HEADS = 4, REPLAYS = 4 };
-
-/* One device buffer and its host copy. `own` is caller memory (cudaMalloc) when the buffer wraps it. */
-typedef struct tbuf {
-    lmk_buffer *b;
-    void *host;
-    size_t bytes;
-    void *own;
-} tbuf;
-
-static bool tbuf_make(lmk_device *dev, tbuf *t, lmk_dtype dtype, size_t bytes, bool wrap)
+/* Regions of caller memory: cudaMalloc, wrapped with lmk_buffer_wrap. */
+static lmk_status wrap_alloc(lmk_device *dev, size_t len, lmk_buffer **out, void **own, void *user)
 {
-    memset(t, 0, sizeof *t);
-    t->bytes = bytes;
-    t->host = malloc(bytes);
-    if (!TST_REQUIRE(t->host != NULL, "out of host memory"))
-        return false;
-    lmk_status st;
-    if (wrap) {
-        const cudaError_t e = cudaMalloc(&t->own, bytes);
-        if (!TST_REQUIRE(e == cudaSuccess, "cudaMalloc(%zu): %s", bytes, cudaGetErrorString(e)))
-            return false;
-        st = lmk_buffer_wrap(dev, t->own, bytes, dtype, NULL, 0, &t->b);
-    } else {
-        st = lmk_buffer_alloc(dev, bytes, dtype, NULL, 0, &t->b);
+    (void)user;
+    const cudaError_t e = cudaMalloc(own, len ? len : 1);
+    if (e != cudaSuccess) {
+        *own = NULL;
+        return tst_fail(LMK_ERR_OUT_OF_MEMORY, "cudaMalloc(%zu): %s", len, cudaGetErrorString(e));
     }
-    return TST_REQUIRE(st == LMK_OK, "buffer of %zu bytes: %s: %s", bytes, lmk_status_name(st), lmk_last_error());
-}
-
-static void tbuf_free(tbuf *t)
-{
-    lmk_buffer_free(t->b);
-    if (t->own)
-        (void)cudaFree(t->own);
-    free(t->host);
-    memset(t, 0, sizeof *t);
-}
-
-static bool tbuf_upload(tbuf *t)
-{
-    const lmk_status st = lmk_buffer_write(t->b, 0, t->host, t->bytes);
-    return TST_REQUIRE(st == LMK_OK, "lmk_buffer_write: %s: %s", lmk_status_name(st), lmk_last_error());
-}
-
-static void *tbuf_download(const tbuf *t)
-{
-    void *p = malloc(t->bytes);
-    if (!TST_REQUIRE(p != NULL, "out of host memory"))
-        return NULL;
-    const lmk_status st = lmk_buffer_read(t->b, 0, p, t->bytes);
-    if (!TST_REQUIRE(st == LMK_OK, "lmk_buffer_read: %s: %s", lmk_status_name(st), lmk_last_error())) {
-        free(p);
-        return NULL;
+    const lmk_status st = lmk_buffer_wrap(dev, *own, len, LMK_U8, NULL, 0, out);
+    if (st != LMK_OK) {
+        (void)cudaFree(*own);
+        *own = NULL;
     }
-    return p;
-}
-
-/* The buffers of one layer step. */
-enum { QF_IN, QF_OUT, KF_IN, KF_OUT, QB, KB, POS, R1_SRC, R1_DST, R2_SRC, R2_DST, NBUF };
-
-typedef struct layer {
-    uint32_t seq;
-    lmk_rope_multi_params pf, pb;
-    lmk_repeat_tiled_params r1, r2;
-    tbuf t[NBUF];
-    void *qb0, *kb0; /* the bf16 in-place inputs, restored before every replay */
-} layer;
-
-static bool layer_make(lmk_device *dev, layer *L, uint32_t seq, bool wrap, tst_rng *rng)
-{
-    memset(L, 0, sizeof *L);
-    L->seq = seq;
-    L->pf = k_rope27;
-    L->pf.seq_len = seq;
-    L->pb = L->pf;
-    L->r1 = (lmk_repeat_tiled_params){seq, 16, 48, 128};
-    L->r2 = (lmk_repeat_tiled_params){seq, 16, 32, 128};
-    const size_t q = (size_t)seq * 24 * 256, k = (size_t)seq * N_K_HEADS * 256, g = (size_t)seq * 16 * 128;
-    const struct { lmk_dtype dt; size_t n; } spec[NBUF] = {
-        [QF_IN] = {LMK_F32, q}, [QF_OUT] = {LMK_F32, q}, [KF_IN] = {LMK_F32, k}, [KF_OUT] = {LMK_F32, k},
-        [QB] = {LMK_BF16, q}, [KB] = {LMK_BF16, k}, [POS] = {LMK_I32, 4 * (size_t)seq},
-        [R1_SRC] = {LMK_F32, g}, [R1_DST] = {LMK_F32, 3 * g}, [R2_SRC] = {LMK_BF16, g}, [R2_DST] = {LMK_BF16, 2 * g},
-    };
-    for (int i = 0; i < NBUF; i++)
-        if (!tbuf_make(dev, &L->t[i], spec[i].dt, spec[i].n * lmk_dtype_size(spec[i].dt), wrap))
-            return false;
-    tst_fill_float(rng, LMK_F32, L->t[QF_IN].host, q, -2, 2);
-    tst_fill_float(rng, LMK_F32, L->t[KF_IN].host, k, -2, 2);
-    tst_fill_float(rng, LMK_BF16, L->t[QB].host, q, -2, 2);
-    tst_fill_float(rng, LMK_BF16, L->t[KB].host, k, -2, 2);
-    L->qb0 = malloc(L->t[QB].bytes);
-    L->kb0 = malloc(L->t[KB].bytes);
-    if (!TST_REQUIRE(L->qb0 && L->kb0, "out of host memory"))
-        return false;
-    memcpy(L->qb0, L->t[QB].host, L->t[QB].bytes);
-    memcpy(L->kb0, L->t[KB].host, L->t[KB].bytes);
-    return tbuf_upload(&L->t[QF_IN]) && tbuf_upload(&L->t[KF_IN]);
-}
-
-static void layer_free(layer *L)
-{
-    for (int i = 0; i < NBUF; i++)
-        tbuf_free(&L->t[i]);
-    free(L->qb0);
-    free(L->kb0);
-}
-
-/* The four ops of the step: what the graph captures. */
-static lmk_status layer_ops(lmk_stream *s, layer *L)
-{
-    tbuf *t = L->t;
-    lmk_status st = lmk_rope_multi_qk(s, t[QF_IN].b, t[QF_OUT].b, t[KF_IN].b, t[KF_OUT].b, t[POS].b, &L->pf, N_K_HEADS);
-    if (st == LMK_OK)
-        st = lmk_rope_multi_qk(s, t[QB].b, t[QB].b, t[KB].b, t[KB].b, t[POS].b, &L->pb, N_K_HEADS);
-    if (st == LMK_OK)
-        st = lmk_repeat_tiled(s, t[R1_SRC].b, t[R1_DST].b, &L->r1);
-    if (st == LMK_OK)
-        st = lmk_repeat_tiled(s, t[R2_SRC].b, t[R2_DST].b, &L->r2);
     return st;
 }
 
-/* Checks one rope launch's outputs (got) against the float64 reference on the host inputs. */
-static bool check_rope(const char *what, const layer *L, lmk_dtype dt, const void *q_in, const void *k_in,
-                       const void *q_got, const void *k_got)
+static void wrap_free(void *own, void *user)
 {
-    const lmk_rope_multi_params *p = dt == LMK_F32 ? &L->pf : &L->pb;
-    const lmk_rope_args a = tst_rope_host_args(p, N_K_HEADS, 2, dt, q_in, k_in, L->t[POS].host);
-    const void *got[2] = {q_got, k_got};
-    char msg[512];
-    const bool ok = tst_rope_check(&a, got, 1e-5, msg, sizeof msg);
-    return TST_REQUIRE(ok, "%s: %s", what, msg);
+    (void)user;
+    (void)cudaFree(own);
 }
 
-static bool check_repeat(const char *what, const tbuf *src, const tbuf *dst_t, const void *got,
-                         const lmk_repeat_tiled_params *p, size_t es)
+static const tst_alloc_hook k_wrap_hook = {wrap_alloc, wrap_free, NULL};
+
+/* A layer step: every contract case the device supports, made on it. */
+typedef struct step {
+    tst_inst *in[MAX_INST];
+    int n, launches;
+} step;
+
+static void step_free(step *st)
 {
-    void *want = malloc(dst_t->bytes);
-    if (!TST_REQUIRE(want != NULL, "out of host memory"))
-        return false;
-    const lmk_repeat_args a = tst_repeat_host_args(src->host, want, p->seq, p->hg, p->h, p->k, es);
-    lmk_ref_repeat(&a);
-    const long long d = tst_bits_diff(got, want, dst_t->bytes);
-    free(want);
-    return TST_REQUIRE(d < 0, "%s: output differs from the reference at byte %lld", what, d);
+    for (int i = 0; i < st->n; i++)
+        tst_inst_free(st->in[i]);
+    st->n = 0;
 }
 
-/* Captures the step into a graph on s, replays it REPLAYS times with fresh positions and repeat
- * sources, and checks each replay. */
+/* Makes every contract case on dev; those the device does not support (a run returns
+ * LMK_ERR_UNSUPPORTED) are left out with a SKIP line. */
+static bool step_make(lmk_device *dev, lmk_stream *s, bool wrap, uint64_t seed, step *st)
+{
+    memset(st, 0, sizeof *st);
+    for (int o = 0; o < tst_op_count; o++)
+        for (int i = 0; i < tst_ops[o]->n_cases() && st->n < MAX_INST; i++) {
+            const tst_case c = tst_op_case(tst_ops[o], i);
+            if (!(c.flags & TST_CASE_CONTRACT))
+                continue;
+            tst_inst *in = NULL;
+            lmk_status e = tst_inst_make(&c, dev, tst_seed_mix(seed, (uint64_t)o, (uint64_t)i), 0,
+                                         wrap ? &k_wrap_hook : NULL, &in);
+            if (!TST_REQUIRE(e == LMK_OK, "%s: make: %s: %s", c.name, lmk_status_name(e), lmk_last_error()))
+                return false;
+            e = tst_inst_run(in, s); /* outside the capture: does this device run it at all? */
+            if (e == LMK_OK)
+                e = lmk_stream_sync(s);
+            if (e == LMK_ERR_UNSUPPORTED) {
+                SKIP("%s: not supported on CUDA (LMK_ERR_UNSUPPORTED); left out of the graph", c.name);
+                tst_inst_free(in);
+                continue;
+            }
+            if (!TST_REQUIRE(e == LMK_OK, "%s: run: %s: %s", c.name, lmk_status_name(e), lmk_last_error())) {
+                tst_inst_free(in);
+                return false;
+            }
+            st->in[st->n++] = in;
+            st->launches += c.op->launches;
+        }
+    return TST_REQUIRE(st->n > 0, "no contract case to capture");
+}
+
+/* New inputs and poisoned outputs for one replay: through the stream (cudaMemcpyAsync and
+ * cudaMemsetAsync, ordered before the replay) or through lmk_buffer_write, the stream being idle. */
+static bool step_refill(step *st, cudaStream_t h, bool async, uint64_t seed)
+{
+    for (int i = 0; i < st->n; i++) {
+        tst_inst *in = st->in[i];
+        if (!async) {
+            const lmk_status e = tst_inst_reset(in, tst_seed_mix(seed, (uint64_t)i, 1));
+            if (!TST_REQUIRE(e == LMK_OK, "reset: %s", lmk_last_error()))
+                return false;
+            continue;
+        }
+        tst_inst_refill(in, tst_seed_mix(seed, (uint64_t)i, 2));
+        for (int r = 0; r < in->mem.n_r; r++) {
+            const tst_region *g = &in->mem.r[r];
+            void *dst = lmk_buffer_data(g->buf);
+            const cudaError_t e = g->host ? cudaMemcpyAsync(dst, g->host, g->len, cudaMemcpyHostToDevice, h)
+                                          : cudaMemsetAsync(dst, (int)TST_POISON, g->len, h);
+            if (!TST_REQUIRE(e == cudaSuccess, "cudaMemcpyAsync/cudaMemsetAsync: %s", cudaGetErrorString(e)))
+                return false;
+        }
+    }
+    return true;
+}
+
+/* Captures the step into a graph on s, replays it REPLAYS times with fresh inputs, and checks every
+ * case of each replay. */
 static void graph_case(lmk_device *dev, lmk_stream *s, bool wrap, const char *name)
 {
-    tst_rng rng = tst_rng_make(tst_case_seed());
-    layer L;
-    const uint32_t seq = 37; /* odd, and more than one block of tokens per op */
+    const uint64_t seed = tst_case_seed();
     const cudaStream_t h = lmk_stream_cuda_handle(s);
     cudaGraph_t graph = NULL;
     cudaGraphExec_t exec = NULL;
-    bool ok = layer_make(dev, &L, seq, wrap, &rng);
+    step st;
+    bool ok = step_make(dev, s, wrap, seed, &st);
 
-    /* Capture. Nothing is uploaded to positions yet: the graph must read them at replay time. */
     if (ok) {
         cudaError_t e = cudaStreamBeginCapture(h, cudaStreamCaptureModeThreadLocal);
         ok = TST_REQUIRE(e == cudaSuccess, "%s: cudaStreamBeginCapture: %s", name, cudaGetErrorString(e));
         if (ok) {
-            const lmk_status st = layer_ops(s, &L);
+            lmk_status r = LMK_OK;
+            for (int i = 0; i < st.n && r == LMK_OK; i++)
+                r = tst_inst_run(st.in[i], s);
             e = cudaStreamEndCapture(h, &graph);
-            ok = TST_REQUIRE(st == LMK_OK, "%s: an op failed during capture: %s: %s", name, lmk_status_name(st),
+            ok = TST_REQUIRE(r == LMK_OK, "%s: an op failed during capture: %s: %s", name, lmk_status_name(r),
                              lmk_last_error()) &&
                  TST_REQUIRE(e == cudaSuccess, "%s: cudaStreamEndCapture: %s", name, cudaGetErrorString(e));
         }
@@ -210,66 +157,38 @@ static void graph_case(lmk_device *dev, lmk_stream *s, bool wrap, const char *na
     if (ok) {
         size_t n_nodes = 0;
         cudaError_t e = cudaGraphGetNodes(graph, NULL, &n_nodes);
-        ok = TST_REQUIRE(e == cudaSuccess && n_nodes == 4,
-                         "%s: the graph holds %zu nodes, want 4 (one kernel per op, Q+K fused)", name, n_nodes);
+        ok = TST_REQUIRE(e == cudaSuccess && n_nodes == (size_t)st.launches,
+                         "%s: the graph holds %zu nodes, want %d (the launches of %d calls)", name, n_nodes,
+                         st.launches, st.n);
         if (ok) {
             e = cudaGraphInstantiate(&exec, graph, 0);
             ok = TST_REQUIRE(e == cudaSuccess, "%s: cudaGraphInstantiate: %s", name, cudaGetErrorString(e));
         }
     }
-
     for (int rep = 0; rep < REPLAYS && ok; rep++) {
-        tbuf *t = L.t;
-        /* Fresh positions up to |2^20| with distinct axes, fresh repeat sources, poisoned outputs,
-         * and the bf16 in-place tensors restored to their inputs. */
-        tst_positions_random(&rng, t[POS].host, seq, -(1 << 20), 1 << 20);
-        tst_fill_bytes(&rng, t[R1_SRC].host, t[R1_SRC].bytes);
-        tst_fill_bytes(&rng, t[R2_SRC].host, t[R2_SRC].bytes);
-        memcpy(t[QB].host, L.qb0, t[QB].bytes);
-        memcpy(t[KB].host, L.kb0, t[KB].bytes);
-        const int outs[] = {QF_OUT, KF_OUT, R1_DST, R2_DST};
-        for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++)
-            tst_poison(t[outs[i]].host, t[outs[i]].bytes, TST_POISON);
-        ok = tbuf_upload(&t[R1_SRC]) && tbuf_upload(&t[R2_SRC]) && tbuf_upload(&t[QB]) && tbuf_upload(&t[KB]) &&
-             tbuf_upload(&t[QF_OUT]) && tbuf_upload(&t[KF_OUT]) && tbuf_upload(&t[R1_DST]) && tbuf_upload(&t[R2_DST]);
+        ok = step_refill(&st, h, rep % 2 == 0, tst_seed_mix(seed, (uint64_t)rep, 7));
         if (!ok)
             break;
-        cudaError_t e;
-        if (rep % 2 == 0) { /* positions through the stream, ordered before the replay */
-            e = cudaMemcpyAsync(lmk_buffer_data(t[POS].b), t[POS].host, t[POS].bytes, cudaMemcpyHostToDevice, h);
-            ok = TST_REQUIRE(e == cudaSuccess, "%s: cudaMemcpyAsync: %s", name, cudaGetErrorString(e));
-        } else { /* positions through lmk_buffer_write, the stream being idle */
-            ok = tbuf_upload(&t[POS]);
-        }
-        if (!ok)
-            break;
-        e = cudaGraphLaunch(exec, h);
-        const lmk_status st = lmk_stream_sync(s);
+        const cudaError_t e = cudaGraphLaunch(exec, h);
+        const lmk_status r = lmk_stream_sync(s);
         ok = TST_REQUIRE(e == cudaSuccess, "%s: cudaGraphLaunch: %s", name, cudaGetErrorString(e)) &&
-             TST_REQUIRE(st == LMK_OK, "%s: lmk_stream_sync: %s", name, lmk_last_error());
-        if (!ok)
-            break;
-
-        char what[160];
-        snprintf(what, sizeof what, "%s replay %d", name, rep);
-        void *got[NBUF] = {0};
-        const int reads[] = {QF_OUT, KF_OUT, QB, KB, R1_DST, R2_DST};
-        for (size_t i = 0; i < sizeof reads / sizeof reads[0] && ok; i++)
-            ok = (got[reads[i]] = tbuf_download(&t[reads[i]])) != NULL;
-        ok = ok && check_rope(what, &L, LMK_F32, t[QF_IN].host, t[KF_IN].host, got[QF_OUT], got[KF_OUT]);
-        ok = ok && check_rope(what, &L, LMK_BF16, L.qb0, L.kb0, got[QB], got[KB]);
-        ok = ok && check_repeat(what, &t[R1_SRC], &t[R1_DST], got[R1_DST], &L.r1, 4);
-        ok = ok && check_repeat(what, &t[R2_SRC], &t[R2_DST], got[R2_DST], &L.r2, 2);
-        for (int i = 0; i < NBUF; i++)
-            free(got[i]);
+             TST_REQUIRE(r == LMK_OK, "%s: lmk_stream_sync: %s", name, lmk_last_error());
+        for (int i = 0; i < st.n && ok; i++) {
+            tst_result res;
+            ok = TST_REQUIRE(tst_inst_verify(st.in[i], &res), "%s replay %d: %s: %s", name, rep, st.in[i]->c.name,
+                             res.msg);
+        }
     }
+    if (ok)
+        printf("%s: %d calls of %d ops, %d kernels, %d replays verified\n", name, st.n, tst_op_count, st.launches,
+               REPLAYS);
     if (ok)
         TST_PASS(name);
     if (exec)
         (void)cudaGraphExecDestroy(exec);
     if (graph)
         (void)cudaGraphDestroy(graph);
-    layer_free(&L);
+    step_free(&st);
 }
 
 static void interop_cases(lmk_device *cuda)

@@ -1,9 +1,10 @@
 /*
- * test_noalloc.c - an op call performs no heap allocation (SPEC.md section 2, DESIGN.md).
+ * test_noalloc.c - an op call performs no heap allocation (lmk.h: "performs no heap allocation").
  *
  * The seed allocated three small parameter buffers per rope call and needed a cache to hide it;
- * lmk passes parameters by value and promises no allocation at all inside an op call. Two
- * independent counters watch for one:
+ * lmk passes parameters by value and promises no allocation at all inside an op call. Every op of
+ * the registry (tst_ops) is called on its contract cases (TST_CASE_CONTRACT in src/ops/<op>/case.c),
+ * and on the calls it must reject, while two independent counters watch for an allocation:
  *  - an lmk_allocator hook, which sees every allocation the library makes on purpose;
  *  - malloc, calloc, realloc, free, posix_memalign, aligned_alloc, memalign and valloc defined in
  *    this program (forwarding to glibc's __libc_* functions), which see every allocation made by
@@ -144,136 +145,120 @@ static void count_stop(long *sys, long *hook)
 
 /* ---- one round: setup under the counters, then op calls under the counters ---- */
 
-enum { T = 64, HG = 16, H = 32, K = 128, HD = 256, RD = 64, NQ = 16, NK = 4 };
+#define MAX_INST 64
 
+/* Every contract case of every op (tst_ops), made on one device. */
 typedef struct setup {
     lmk_device *dev;
     lmk_stream *s;
-    lmk_buffer *rsrc, *rdst;                    /* repeat */
-    lmk_buffer *q[3], *qo[3], *k[3], *ko[3];    /* rope, per dtype f32/bf16/f16 */
-    lmk_buffer *pos;
+    tst_inst *in[MAX_INST];
+    int n;
 } setup;
 
 static void teardown(setup *u)
 {
-    lmk_buffer_free(u->rsrc);
-    lmk_buffer_free(u->rdst);
-    for (int i = 0; i < 3; i++) {
-        lmk_buffer_free(u->q[i]);
-        lmk_buffer_free(u->qo[i]);
-        lmk_buffer_free(u->k[i]);
-        lmk_buffer_free(u->ko[i]);
-    }
-    lmk_buffer_free(u->pos);
+    for (int i = 0; i < u->n; i++)
+        tst_inst_free(u->in[i]);
     lmk_stream_destroy(u->s);
     lmk_device_close(u->dev);
     memset(u, 0, sizeof *u);
 }
 
-static bool make_setup(setup *u, lmk_backend backend)
+static bool make_setup(setup *u, lmk_backend backend, uint64_t seed)
 {
-    static const lmk_dtype dts[3] = {LMK_F32, LMK_BF16, LMK_F16};
     memset(u, 0, sizeof *u);
     if (lmk_device_open(backend, 0, &u->dev) != LMK_OK || lmk_stream_create(u->dev, &u->s) != LMK_OK)
         return false;
-    bool ok = lmk_buffer_alloc(u->dev, (size_t)T * HG * K * 4, LMK_F32, NULL, 0, &u->rsrc) == LMK_OK &&
-              lmk_buffer_alloc(u->dev, (size_t)T * H * K * 4, LMK_F32, NULL, 0, &u->rdst) == LMK_OK;
-    const size_t qs[3] = {T, NQ, HD}, ks[3] = {T, NK, HD}, ps[1] = {4 * T};
-    for (int i = 0; i < 3 && ok; i++) {
-        const size_t es = lmk_dtype_size(dts[i]);
-        ok = lmk_buffer_alloc(u->dev, (size_t)T * NQ * HD * es, dts[i], qs, 3, &u->q[i]) == LMK_OK &&
-             lmk_buffer_alloc(u->dev, (size_t)T * NQ * HD * es, dts[i], qs, 3, &u->qo[i]) == LMK_OK &&
-             lmk_buffer_alloc(u->dev, (size_t)T * NK * HD * es, dts[i], ks, 3, &u->k[i]) == LMK_OK &&
-             lmk_buffer_alloc(u->dev, (size_t)T * NK * HD * es, dts[i], ks, 3, &u->ko[i]) == LMK_OK;
-    }
-    ok = ok && lmk_buffer_alloc(u->dev, 4 * T * 4, LMK_I32, ps, 1, &u->pos) == LMK_OK;
-    return ok;
+    for (int o = 0; o < tst_op_count; o++)
+        for (int i = 0; i < tst_ops[o]->n_cases(); i++) {
+            const tst_case c = tst_op_case(tst_ops[o], i);
+            if (!(c.flags & TST_CASE_CONTRACT) || u->n == MAX_INST)
+                continue;
+            if (tst_inst_make(&c, u->dev, tst_seed_mix(seed, (uint64_t)o, (uint64_t)i), 0, NULL, &u->in[u->n]) != LMK_OK)
+                return false;
+            u->n++;
+        }
+    return true;
 }
 
-/* Fills the inputs (outside any counting). */
-static void fill_inputs(setup *u)
-{
-    tst_rng r = tst_rng_make(tst_case_seed());
-    const size_t big = (size_t)T * NQ * HD * 4;
-    unsigned char *host = malloc(big);
-    int32_t pos[4 * T];
-    tst_positions_random(&r, pos, T, 0, 100000);
-    lmk_buffer_write(u->pos, 0, pos, sizeof pos);
-    for (int i = 0; i < 3; i++) {
-        const lmk_dtype t = i == 0 ? LMK_F32 : i == 1 ? LMK_BF16 : LMK_F16;
-        tst_fill_float(&r, t, host, (size_t)T * NQ * HD, -2, 2);
-        lmk_buffer_write(u->q[i], 0, host, lmk_buffer_byte_len(u->q[i]));
-        lmk_buffer_write(u->k[i], 0, host, lmk_buffer_byte_len(u->k[i]));
-    }
-    tst_fill_bytes(&r, host, (size_t)T * HG * K * 4);
-    lmk_buffer_write(u->rsrc, 0, host, lmk_buffer_byte_len(u->rsrc));
-    free(host);
-}
-
+/* Allocations made by one op's calls: its runs, then the calls it must reject. */
 typedef struct op_counts {
-    long sys[4], hook[4];   /* repeat, rope, rope_qk, rejected calls */
+    long sys[2], hook[2];
+    int calls, unsupported;
     lmk_status st;          /* the first failing status of a call that should pass */
+    char failed[TST_CASE_NAME + 64];
 } op_counts;
 
-static const char *const k_op_names[4] = {"lmk_repeat_tiled", "lmk_rope_multi", "lmk_rope_multi_qk",
-                                          "rejected op calls"};
-
-static void run_ops(setup *u, op_counts *c)
+static void run_op(setup *u, const tst_op *op, op_counts *c)
 {
-    c->st = LMK_OK;
-    const lmk_repeat_tiled_params rp[3] = {{T, HG, H, K}, {1, HG, H, K}, {T, HG, HG, K}};
-    lmk_rope_multi_params p = {.head_dim = HD, .rope_dim = RD, .n_heads = NQ, .seq_len = T, .freq_base = 1e7f,
-                               .mode = LMK_ROPE_IMROPE, .sections = {11, 11, 10, 0}};
-    lmk_status st;
-
+    memset(c, 0, sizeof *c);
     count_start();
-    for (int i = 0; i < 3; i++)
-        if ((st = lmk_repeat_tiled(u->s, u->rsrc, u->rdst, &rp[i])) != LMK_OK && c->st == LMK_OK)
+    for (int i = 0; i < u->n; i++) {
+        if (u->in[i]->c.op != op)
+            continue;
+        const lmk_status st = tst_inst_run(u->in[i], u->s);
+        c->calls++;
+        c->unsupported += st == LMK_ERR_UNSUPPORTED;
+        if (st != LMK_OK && st != LMK_ERR_UNSUPPORTED && c->st == LMK_OK) {
             c->st = st;
+            snprintf(c->failed, sizeof c->failed, "%s", u->in[i]->c.name);
+        }
+    }
     count_stop(&c->sys[0], &c->hook[0]);
-    lmk_stream_sync(u->s);
-
-    count_start();
-    for (int i = 0; i < 3; i++)
-        for (int pairing = 0; pairing < 2; pairing++) {
-            p.pairing = (lmk_rope_pairing)pairing;
-            p.mode = pairing ? LMK_ROPE_MROPE : LMK_ROPE_IMROPE;
-            if ((st = lmk_rope_multi(u->s, u->q[i], u->qo[i], u->pos, &p)) != LMK_OK && c->st == LMK_OK)
-                c->st = st;
-            if ((st = lmk_rope_multi(u->s, u->qo[i], u->qo[i], u->pos, &p)) != LMK_OK && c->st == LMK_OK)
-                c->st = st; /* in place */
-        }
-    count_stop(&c->sys[1], &c->hook[1]);
-    lmk_stream_sync(u->s);
-
-    count_start();
-    p.mode = LMK_ROPE_IMROPE;
-    for (int i = 0; i < 3; i++)
-        for (int pairing = 0; pairing < 2; pairing++) {
-            p.pairing = (lmk_rope_pairing)pairing;
-            if ((st = lmk_rope_multi_qk(u->s, u->q[i], u->qo[i], u->k[i], u->ko[i], u->pos, &p, NK)) != LMK_OK &&
-                c->st == LMK_OK)
-                c->st = st;
-            if ((st = lmk_rope_multi_qk(u->s, u->qo[i], u->qo[i], u->ko[i], u->ko[i], u->pos, &p, NK)) != LMK_OK &&
-                c->st == LMK_OK)
-                c->st = st;
-        }
-    count_stop(&c->sys[2], &c->hook[2]);
     lmk_stream_sync(u->s);
 
     /* Rejections format a message: that must not allocate either. */
     count_start();
-    const lmk_repeat_tiled_params bad_rp = {T, 3, 5, K};
-    lmk_rope_multi_params bad = p;
-    bad.freq_base = -1.0f;
-    int rejected = 0;
-    rejected += lmk_repeat_tiled(u->s, u->rsrc, u->rdst, &bad_rp) == LMK_ERR_INVALID_ARGUMENT;
-    rejected += lmk_rope_multi(u->s, u->q[0], u->qo[0], u->pos, &bad) == LMK_ERR_INVALID_ARGUMENT;
-    rejected += lmk_rope_multi_qk(u->s, u->q[0], u->qo[1], u->k[0], u->ko[0], u->pos, &p, NK) ==
-                LMK_ERR_INVALID_ARGUMENT;
-    count_stop(&c->sys[3], &c->hook[3]);
-    if (rejected != 3 && c->st == LMK_OK)
-        c->st = LMK_ERR_UNSUPPORTED; /* marks "a bad call was accepted" */
+    for (int i = 0; i < u->n; i++) {
+        if (u->in[i]->c.op != op)
+            continue;
+        for (int k = 0; k < op->n_invalid; k++) {
+            const char *want;
+            const lmk_status st = op->invalid(u->in[i], u->s, k, &want);
+            if (st != LMK_ERR_INVALID_ARGUMENT && c->st == LMK_OK) {
+                c->st = LMK_ERR_UNSUPPORTED; /* marks "a bad call was accepted" */
+                snprintf(c->failed, sizeof c->failed, "invalid call %d of %s", k, u->in[i]->c.name);
+            }
+        }
+    }
+    count_stop(&c->sys[1], &c->hook[1]);
+}
+
+/* One op's calls on a round's setup: zero allocations, every call through (CUDA: the second time). */
+static void check_op(setup *u, const tst_op *op, lmk_backend backend, const char *bname, const char *how,
+                     bool with_hook)
+{
+    static const char *const what[2] = {"calls", "rejected calls"};
+    op_counts c;
+    run_op(u, op, &c);
+    if (backend == LMK_BACKEND_CUDA) {
+        /* The CUDA driver may load a module lazily at a kernel's first launch (outside lmk's
+         * control): report the first calls, then hold the second round to zero. */
+        for (int i = 0; i < 2; i++)
+            if (c.sys[i] || c.hook[i])
+                printf("note [%s]: first %s %s made %ld allocations (%ld through the hook)\n", bname, op->name,
+                       what[i], c.sys[i], c.hook[i]);
+        for (int i = 0; i < 2; i++)
+            CHECK(c.hook[i] == 0, "[%s] first %s %s allocated %ld times through the lmk allocator hook %s", bname,
+                  op->name, what[i], c.hook[i], how);
+        run_op(u, op, &c);
+    }
+    CHECK(c.calls > 0, "[%s] %s has no contract case (TST_CASE_CONTRACT in its case.c)", bname, op->name);
+    CHECK(c.st == LMK_OK, "[%s] %s: %s (%s): %s", bname, op->name, c.failed, lmk_status_name(c.st), lmk_last_error());
+    if (c.unsupported)
+        SKIP("[%s] %s: %d of %d contract cases are not supported on this backend (LMK_ERR_UNSUPPORTED); their "
+             "validation was still counted", bname, op->name, c.unsupported, c.calls);
+    for (int i = 0; i < 2; i++) {
+        if (with_hook)
+            CHECK(c.hook[i] == 0, "[%s] %s %s allocated %ld times through the lmk allocator hook", bname, op->name,
+                  what[i], c.hook[i]);
+#ifndef NO_INTERPOSE
+        CHECK(c.sys[i] == 0, "[%s] %s %s made %ld malloc/free-family calls (%s)", bname, op->name, what[i], c.sys[i],
+              how);
+#endif
+    }
+    printf("[%s] %s: %d calls and %d rejected calls made %ld/%ld allocations (%ld/%ld through the hook)\n", bname,
+           op->name, c.calls, c.calls * op->n_invalid, c.sys[0], c.sys[1], c.hook[0], c.hook[1]);
 }
 
 static void round_for(lmk_backend backend, const char *bname, bool with_hook)
@@ -285,8 +270,9 @@ static void round_for(lmk_backend backend, const char *bname, bool with_hook)
 
     setup u;
     long sys_setup = 0, hook_setup = 0;
+    const uint64_t seed = tst_case_seed();
     count_start();
-    const bool ok = make_setup(&u, backend);
+    const bool ok = make_setup(&u, backend, seed);
     count_stop(&sys_setup, &hook_setup);
     if (!CHECK(ok, "[%s] setup %s: %s", bname, how, lmk_last_error())) {
         teardown(&u);
@@ -300,33 +286,10 @@ static void round_for(lmk_backend backend, const char *bname, bool with_hook)
 #ifndef NO_INTERPOSE
     CHECK(sys_setup > 0, "[%s] the interposed malloc saw no allocation during setup %s", bname, how);
 #endif
-    fill_inputs(&u);
-
-    op_counts c;
-    run_ops(&u, &c);
-    if (backend == LMK_BACKEND_CUDA) {
-        /* The CUDA driver may load a module lazily at a kernel's first launch (outside lmk's
-         * control): report the first calls, then hold the second round to zero. */
-        for (int i = 0; i < 4; i++)
-            if (c.sys[i] || c.hook[i])
-                printf("note [%s]: first %s made %ld allocations (%ld through the hook)\n", bname, k_op_names[i],
-                       c.sys[i], c.hook[i]);
-        for (int i = 0; i < 4; i++)
-            CHECK(c.hook[i] == 0, "[%s] first %s allocated %ld times through the lmk allocator hook %s", bname,
-                  k_op_names[i], c.hook[i], how);
-        run_ops(&u, &c);
-    }
-    CHECK(c.st == LMK_OK, "[%s] an op call failed (%s): %s", bname, lmk_status_name(c.st), lmk_last_error());
-    for (int i = 0; i < 4; i++) {
-        if (with_hook)
-            CHECK(c.hook[i] == 0, "[%s] %s allocated %ld times through the lmk allocator hook", bname, k_op_names[i],
-                  c.hook[i]);
-#ifndef NO_INTERPOSE
-        CHECK(c.sys[i] == 0, "[%s] %s made %ld malloc/free-family calls (%s)", bname, k_op_names[i], c.sys[i], how);
-#endif
-    }
-    printf("[%s] %s: setup made %ld allocations (%ld through the hook); op calls made %ld/%ld/%ld/%ld\n", bname, how,
-           sys_setup, hook_setup, c.sys[0], c.sys[1], c.sys[2], c.sys[3]);
+    printf("[%s] %s: setup of %d contract cases made %ld allocations (%ld through the hook)\n", bname, how, u.n,
+           sys_setup, hook_setup);
+    for (int o = 0; o < tst_op_count; o++)
+        check_op(&u, tst_ops[o], backend, bname, how, with_hook);
     teardown(&u);
     lmk_set_allocator(NULL);
 }
