@@ -374,7 +374,7 @@ static void pick_range(fz_in *in, size_t len, size_t *off, size_t *n)
         *n = 0; /* never true for our buffers; keeps host staging small */
 }
 
-static void do_rw(state *st, fz_in *in, uint64_t *rng, bool write)
+static void do_rw(state *st, fz_in *in, tst_rng *rng, bool write)
 {
     const char *fn = write ? "lmk_buffer_write" : "lmk_buffer_read";
     hbuf *B = st->n_bufs && fz_pick(in, 32) != 31 ? &st->bufs[fz_pick(in, (unsigned)st->n_bufs)] : NULL;
@@ -385,7 +385,7 @@ static void do_rw(state *st, fz_in *in, uint64_t *rng, bool write)
     unsigned char *host = malloc(stage + 1);
     FZ_CHECK(host != NULL, "harness: out of memory");
     for (size_t i = 0; i < stage; i++)
-        host[i] = (unsigned char)fz_rand(rng);
+        host[i] = (unsigned char)tst_rng_u64(rng);
     const bool valid = B && !(null_host && n) && off <= B->byte_len && n <= B->byte_len - off;
     unsigned char *copy = malloc(stage + 1);
     FZ_CHECK(copy != NULL, "harness: out of memory");
@@ -473,9 +473,9 @@ static void do_misc(state *st, fz_in *in)
     if (isnan(f)) {
         FZ_CHECK(isnan(rb) && isnan(rh), "NaN %#x narrowed to a number", fz_bits_f32(f));
     } else {
-        FZ_CHECK(fabs((double)rb - f) <= fz_ulp(LMK_BF16, f) / 2 || (isinf(rb) && fabs(f) >= 3.3961e38),
+        FZ_CHECK(fabs((double)rb - f) <= lmk_ulp(LMK_BF16, f) / 2 || (isinf(rb) && fabs(f) >= 3.3961e38),
                  "bf16(%.9g) = %.9g", (double)f, (double)rb);
-        FZ_CHECK(fabs((double)rh - f) <= fz_ulp(LMK_F16, f) / 2 || (isinf(rh) && fabs(f) >= 65520.0),
+        FZ_CHECK(fabs((double)rh - f) <= lmk_ulp(LMK_F16, f) / 2 || (isinf(rh) && fabs(f) >= 65520.0),
                  "f16(%.9g) = %.9g", (double)f, (double)rh);
     }
     if (st->n_bufs) {
@@ -532,11 +532,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fz_in in = {data, size};
     state st = {.e = fz_env_get()};
     const long live_before = atomic_load(&fz_n_live);
-    uint64_t rng = fz_u32(&in);
-    for (size_t i = 0; i < FZ_ARENA_BYTES; i += 8) {
-        const uint64_t r = fz_rand(&rng);
-        memcpy(st.e->arena + i, &r, 8);
-    }
+    tst_rng rng = tst_rng_make(fz_u32(&in));
+    tst_fill_bytes(&rng, st.e->arena, FZ_ARENA_BYTES);
     add_root(&st, st.e->arena, FZ_ARENA_BYTES, -1, false);
 
     fz_stat("inputs");

@@ -2,22 +2,22 @@
  * fuzz_common.h - what the lmk fuzzers share.
  *
  * Each fuzzer turns the fuzzer's bytes into one or a few library calls and checks the library's
- * contract on them (lmk.h, SPEC.md): no crash; an invalid call returns LMK_ERR_INVALID_ARGUMENT
+ * contract on them (lmk.h): no crash; an invalid call returns LMK_ERR_INVALID_ARGUMENT
  * with a message naming the op and changes no byte of any buffer; a valid call matches the
  * float64 reference. To check "no byte changed" and "nothing written outside the output", every
  * buffer a fuzzer makes lives in a few root memory regions (a host arena, or one lmk allocation)
  * that are snapshotted whole before the call and compared whole after it.
  *
  * A violated check aborts through __builtin_trap(), which libFuzzer reports as a crash with the
- * input that caused it. Header-only (static functions), so each fuzzer is a single C file.
+ * input that caused it. Header-only (static functions), so each fuzzer is a single C file. Random
+ * numbers, the rope comparison and the ops' case descriptors come from the test kit
+ * (testkit/testkit.h), which the tests and the `lmk` tool use too.
  */
 #ifndef LMK_FUZZ_COMMON_H
 #define LMK_FUZZ_COMMON_H
 
-#include "core/internal.h"
-#include "ops/repeat/repeat.h"
-#include "ops/rope/rope.h"
 #include "lmk.h"
+#include "testkit_ref.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -43,8 +43,8 @@
 
 /* ------------------------------------------------------------------------------------------------
  * Reading parameters from the fuzzer's bytes. Past the end every read returns 0, so every input is
- * a complete, deterministic call. Bulk data (tensor values) comes from a small PRNG seeded from the
- * input instead, so inputs stay short and mutations stay meaningful.
+ * a complete, deterministic call. Bulk data (tensor values) comes from the test kit's generator
+ * (tst_rng) seeded from the input instead, so inputs stay short and mutations stay meaningful.
  * ---------------------------------------------------------------------------------------------- */
 
 typedef struct fz_in {
@@ -97,19 +97,10 @@ static inline uint32_t fz_bits_f32(float f)
     return u;
 }
 
-/* splitmix64: the PRNG for bulk data. */
-static inline uint64_t fz_rand(uint64_t *s)
+/* Uniform in [-r, r). */
+static inline float fz_rand_sym(tst_rng *s, float r)
 {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* Uniform in [-r, r]. */
-static inline float fz_rand_sym(uint64_t *s, float r)
-{
-    return (float)(((double)(fz_rand(s) >> 11) / 9007199254740992.0 * 2.0 - 1.0) * r);
+    return (float)tst_rng_uniform(s, -(double)r, (double)r);
 }
 
 /* A "dimension" as a fuzzer wants it: 0, small, odd, a power of two, huge, or any u32. */
@@ -315,72 +306,6 @@ static inline const void *fz_world_changed(const fz_world *w, const void *const 
     return NULL;
 }
 
-/* ------------------------------------------------------------------------------------------------
- * Element access and the rope precision contract (SPEC.md section 2, "Precision"): f32 within
- * 1e-5 absolute of the float64 result; bf16 and f16 within one ulp of it plus 1e-6 absolute.
- * ---------------------------------------------------------------------------------------------- */
-
-/* Exact widening and ulp: the library's own (src/core/dtype.c), which test_runtime checks. */
-#define fz_load lmk_float_load
-#define fz_ulp lmk_ulp
-
-/* Whether `got` (a stored result of dtype t) is within the contract of the float64 result `ref`. */
-static inline bool fz_rope_close(lmk_dtype t, double ref, double got)
-{
-    if (!isfinite(ref) || !isfinite(got))
-        return false;
-    return fabs(got - ref) <= lmk_rope_tolerance(t, ref);
-}
-
-/* Whether element j of a head_dim row is rotated (else copied) by the launch a. */
-static inline bool fz_rope_rotated(const lmk_rope_args *a, uint32_t j)
-{
-    const uint32_t half = a->rope_dim / 2;
-    if (a->interleaved)
-        return j < a->rope_dim;
-    return j < half || (j >= a->pair_stride && j < a->pair_stride + half);
-}
-
-/* Host arguments of a dense rope_multi call (q, and k when n_k > 0) for the reference. */
-static inline lmk_rope_args fz_rope_args(const lmk_rope_multi_params *p, uint32_t n_k, lmk_dtype t, const void *q,
-                                         const void *k, const void *pos)
-{
-    lmk_rope_params rp = {.head_dim = p->head_dim, .rope_dim = p->rope_dim, .n_heads = p->n_heads,
-                          .seq_len = p->seq_len, .freq_base = p->freq_base, .mode = p->mode, .pairing = p->pairing,
-                          .n_k_heads = n_k};
-    memcpy(rp.sections, p->sections, sizeof rp.sections);
-    const size_t es = lmk_dtype_size(t), d = p->head_dim;
-    lmk_tensor3 ts[4] = {{0}};
-    ts[0] = ts[1] = (lmk_tensor3){.data = (unsigned char *)(uintptr_t)q, .n = {p->seq_len, p->n_heads, d},
-                                  .stride = {(size_t)p->n_heads * d, d, 1}, .es = es};
-    if (n_k)
-        ts[2] = ts[3] = (lmk_tensor3){.data = (unsigned char *)(uintptr_t)k, .n = {p->seq_len, n_k, d},
-                                      .stride = {(size_t)n_k * d, d, 1}, .es = es};
-    return lmk_rope_args_for(&rp, t, ts, n_k > 0, pos, LMK_I32, NULL);
-}
-
-/* Compares tensor ti of a rope call: `got` is the output after the call, `in` the input before it,
- * ref64 the float64 reference. Copied elements must equal the input bit for bit; rotated ones must
- * be within tolerance when `precise` (else only finite-ness-agnostic: nothing is checked). Returns
- * the first bad element index, or SIZE_MAX when all are good. */
-static inline size_t fz_rope_check(const lmk_rope_args *a, int ti, const void *in, const void *got,
-                                   const double *ref64, bool precise)
-{
-    const size_t es = lmk_dtype_size(a->dtype);
-    const size_t rows = (size_t)a->seq_len * a->t[ti].n_heads;
-    for (size_t r = 0; r < rows; r++)
-        for (uint32_t j = 0; j < a->head_dim; j++) {
-            const size_t i = r * a->head_dim + j;
-            if (!fz_rope_rotated(a, j)) {
-                if (memcmp((const char *)got + i * es, (const char *)in + i * es, es) != 0)
-                    return i;
-            } else if (precise && !fz_rope_close(a->dtype, ref64[i], fz_load(a->dtype, got, i))) {
-                return i;
-            }
-        }
-    return SIZE_MAX;
-}
-
 /* Whether the message of the last failure names `op` (and is not empty). */
 static inline bool fz_message_names(const char *op)
 {
@@ -411,7 +336,7 @@ typedef struct fz_call {
     fz_world world;
     lmk_buffer *bufs[FZ_MAX_BUFS]; /* made by this call, freed in reverse order */
     int n_bufs;
-    uint64_t rng;
+    tst_rng rng;
     bool sane; /* this input means a valid call: make no operand wrong on purpose */
 } fz_call;
 
@@ -581,7 +506,7 @@ static inline void fz_fill_regions(fz_call *c)
 {
     for (int i = 0; i < c->world.n; i++)
         for (size_t j = 0; j < c->world.r[i].len; j++)
-            c->world.r[i].base[j] = (unsigned char)fz_rand(&c->rng);
+            c->world.r[i].base[j] = (unsigned char)tst_rng_u64(&c->rng);
 }
 
 /* Whether the first `an` bytes of buffer a and the first `bn` of b share a byte. */
@@ -595,6 +520,117 @@ static inline bool fz_overlap(const lmk_buffer *a, size_t an, const lmk_buffer *
 static inline size_t fz_used(const lmk_buffer *b)
 {
     return lmk_buffer_element_count(b) * lmk_dtype_size(lmk_buffer_dtype(b));
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Operands and their element bytes, for the oracles of ops with strided operands (lmk.h,
+ * "Operands"): which buffers are operands of a shape, and whether operands share a byte. Overlap
+ * is judged on the bytes the elements occupy (a mark per byte of every region), not on extents.
+ * ---------------------------------------------------------------------------------------------- */
+
+/* lmk.h's operand rule: a 3-D buffer of shape [n0, n1, n2] with last stride 1 (any stride when
+ * n2 is 1), or a dense buffer of exactly n0*n1*n2 elements. */
+static inline bool fz_operand3(const lmk_buffer *b, size_t n0, size_t n1, size_t n2, lmk_tensor3 *t)
+{
+    size_t count;
+    if (__builtin_mul_overflow(n0 * n1, n2, &count) || (n1 && n0 * n1 / n1 != n0))
+        return false;
+    *t = (lmk_tensor3){.data = lmk_buffer_data(b), .n = {n0, n1, n2}, .es = lmk_dtype_size(lmk_buffer_dtype(b))};
+    if (lmk_buffer_ndim(b) == 3 && lmk_buffer_dim(b, 0) == n0 && lmk_buffer_dim(b, 1) == n1 &&
+        lmk_buffer_dim(b, 2) == n2 && (lmk_buffer_stride(b, 2) == 1 || n2 == 1)) {
+        t->stride[0] = lmk_buffer_stride(b, 0), t->stride[1] = lmk_buffer_stride(b, 1), t->stride[2] = 1;
+        return true;
+    }
+    if (lmk_buffer_is_contiguous(b) && lmk_buffer_element_count(b) == count) {
+        t->stride[0] = n1 * n2, t->stride[1] = n2, t->stride[2] = 1;
+        return true;
+    }
+    return false;
+}
+
+/* A dense buffer's elements as a [1, 1, n] operand (positions, weights, ...). */
+static inline lmk_tensor3 fz_flat3(const lmk_buffer *b)
+{
+    const size_t n = lmk_buffer_element_count(b);
+    return (lmk_tensor3){.data = lmk_buffer_data(b), .n = {1, 1, n}, .stride = {n, n, 1},
+                         .es = lmk_dtype_size(lmk_buffer_dtype(b))};
+}
+
+/* Same address, shape and strides (strides of axes of length 1 ignored): an in-place pair. */
+static inline bool fz_same3(const lmk_tensor3 *a, const lmk_tensor3 *b)
+{
+    if (a->data != b->data || a->es != b->es)
+        return false;
+    for (int i = 0; i < 3; i++)
+        if (a->n[i] != b->n[i] || (a->n[i] > 1 && a->stride[i] != b->stride[i]))
+            return false;
+    return true;
+}
+
+/* Whether the extents (first to last byte) of two operands meet. */
+static inline bool fz_spans_meet(const lmk_tensor3 *a, const lmk_tensor3 *b)
+{
+    const size_t sa = tst_span(a->n, a->stride, a->es), sb = tst_span(b->n, b->stride, b->es);
+    return (uintptr_t)a->data < (uintptr_t)b->data + sb && (uintptr_t)b->data < (uintptr_t)a->data + sa;
+}
+
+/* Marks, for every byte of every region of a world, which operands' elements hold it (bit i:
+ * operand i, up to 8), and which operands hold a byte twice (self-overlapping elements). */
+typedef struct fz_marks {
+    uint8_t *m[FZ_MAX_REGIONS];
+    bool self_overlap[8];
+} fz_marks;
+
+static inline void fz_marks_init(fz_marks *mk, const fz_world *w)
+{
+    memset(mk, 0, sizeof *mk);
+    for (int r = 0; r < w->n; r++) {
+        mk->m[r] = calloc(w->r[r].len + 1, 1);
+        FZ_CHECK(mk->m[r] != NULL, "harness: out of memory");
+    }
+}
+
+static inline void fz_marks_free(fz_marks *mk)
+{
+    for (int r = 0; r < FZ_MAX_REGIONS; r++)
+        free(mk->m[r]);
+}
+
+static inline void fz_mark(fz_world *w, fz_marks *mk, const lmk_tensor3 *t, int bit)
+{
+    const size_t row = t->n[2] * t->es;
+    for (size_t a = 0; a < t->n[0]; a++)
+        for (size_t h = 0; h < t->n[1]; h++) {
+            const unsigned char *lo = t->data + (a * t->stride[0] + h * t->stride[1]) * t->es;
+            const fz_region *r = fz_world_find(w, lo);
+            FZ_CHECK(r != NULL, "harness: operand %d outside every region", bit);
+            uint8_t *m = mk->m[r - w->r] + (lo - r->base);
+            for (size_t i = 0; i < row; i++) {
+                if (m[i] & (1u << bit))
+                    mk->self_overlap[bit] = true;
+                m[i] |= (uint8_t)(1u << bit);
+            }
+        }
+}
+
+/* Whether operands a and b hold a common byte. */
+static inline bool fz_marks_share(const fz_world *w, const fz_marks *mk, int a, int b)
+{
+    for (int r = 0; r < w->n; r++)
+        for (size_t i = 0; i < w->r[r].len; i++)
+            if ((mk->m[r][i] >> a & 1) && (mk->m[r][i] >> b & 1))
+                return true;
+    return false;
+}
+
+/* The first byte that changed and holds no element of the operands in `out_bits`, or NULL. */
+static inline const void *fz_changed_outside(const fz_world *w, const fz_marks *mk, unsigned out_bits)
+{
+    for (int r = 0; r < w->n; r++)
+        for (size_t b = 0; b < w->r[r].len; b++)
+            if (w->r[r].base[b] != w->r[r].snap[b] && !(mk->m[r][b] & out_bits))
+                return w->r[r].base + b;
+    return NULL;
 }
 
 #endif /* LMK_FUZZ_COMMON_H */

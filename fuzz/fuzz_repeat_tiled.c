@@ -52,7 +52,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fz_in in = {data, size};
     fz_env *e = fz_env_get();
     const long live_before = atomic_load(&fz_n_live);
-    fz_call c = {.rng = fz_u32(&in)};
+    fz_call c = {.rng = tst_rng_make(fz_u32(&in))};
     c.sane = fz_pick(&in, 2) == 0;
 
     lmk_repeat_tiled_params p;

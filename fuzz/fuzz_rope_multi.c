@@ -9,7 +9,7 @@
  * the positions or the other tensor of the fused call. An oracle written from lmk.h decides whether
  * the call is valid. Then:
  *   valid:   LMK_OK; copied elements equal the input bit for bit; rotated elements are within
- *            SPEC.md's tolerance of the float64 reference when every |x| <= 2 and the largest angle
+ *            lmk.h's tolerance of the float64 reference when every |x| <= 2 and the largest angle
  *            is at most 2^20 (|pos| <= 2^20 with freq_base >= 1); otherwise the call must only be
  *            deterministic (a second run gives the same bits). No byte outside the outputs changes.
  *   invalid: LMK_ERR_INVALID_ARGUMENT, a message naming "rope_multi", and no byte changed;
@@ -228,7 +228,7 @@ static void fill_values(fz_call *c, fz_in *in, lmk_buffer *b)
     unsigned char *d = lmk_buffer_data(b);
     for (size_t i = 0; i < n; i++) {
         float v;
-        uint32_t bits = (uint32_t)fz_rand(&c->rng);
+        uint32_t bits = (uint32_t)tst_rng_u64(&c->rng);
         if (cls == 6) {
             v = fz_f32_bits(bits);
         } else if (cls == 5 && (bits & 15) == 0) {
@@ -258,7 +258,7 @@ static void fill_positions(fz_call *c, fz_in *in, lmk_buffer *b, uint32_t seq_le
     const size_t n = lmk_buffer_element_count(b);
     int32_t *d = lmk_buffer_data(b);
     for (size_t i = 0; i < n; i++) {
-        const uint64_t r = fz_rand(&c->rng);
+        const uint64_t r = tst_rng_u64(&c->rng);
         int32_t v;
         switch (cls) {
         case 4:
@@ -294,7 +294,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fz_in in = {data, size};
     fz_env *e = fz_env_get();
     const long live_before = atomic_load(&fz_n_live);
-    fz_call c = {.rng = fz_u32(&in)};
+    fz_call c = {.rng = tst_rng_make(fz_u32(&in))};
     c.sane = fz_pick(&in, 2) == 0;
     rope_case rc = {0};
     rc.qk = fz_pick(&in, 3) == 2;
@@ -360,26 +360,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
              "pairing %d, %s) returned %s", rc.qk ? "_qk" : "", p->head_dim, p->rope_dim, p->n_heads, rc.n_k_heads,
              p->seq_len, (double)p->freq_base, (int)p->mode, (int)p->pairing, lmk_dtype_name(t), lmk_status_name(st));
 
-    /* The reference over the snapshot. */
+    /* The reference over the snapshot (the test kit's comparison: copies bit for bit, rotated
+     * elements within the contract when `precise`). */
+    const int32_t *pos = fz_world_before(&c.world, lmk_buffer_data(rc.pos));
     const lmk_rope_args a =
-        fz_rope_args(p, rc.qk ? rc.n_k_heads : 0, t, fz_world_before(&c.world, lmk_buffer_data(rc.q_in)),
-                     rc.qk ? fz_world_before(&c.world, lmk_buffer_data(rc.k_in)) : NULL,
-                     fz_world_before(&c.world, lmk_buffer_data(rc.pos)));
+        tst_rope_host_args(p, rc.qk ? rc.n_k_heads : 0, rc.qk ? 2 : 1, t,
+                           fz_world_before(&c.world, lmk_buffer_data(rc.q_in)),
+                           rc.qk ? fz_world_before(&c.world, lmk_buffer_data(rc.k_in)) : NULL, pos);
     lmk_buffer *outs[2] = {rc.q_out, rc.k_out};
-    double *ref64[2] = {NULL, NULL};
-    for (int i = 0; i < a.n_tensors; i++) {
-        ref64[i] = malloc(lmk_buffer_element_count(outs[i]) * sizeof(double) + 1);
-        FZ_CHECK(ref64[i] != NULL, "harness: out of memory");
-    }
-    lmk_ref_rope_f64(&a, ref64);
     /* The precision promise's domain, measured on what the call read (operands may share bytes). */
     bool small = true;
     for (int i = 0; i < a.n_tensors; i++)
         for (size_t j = 0; j < lmk_buffer_element_count(outs[i]); j++)
-            small = small && fabs(fz_load(t, a.t[i].in, j)) <= 2.0;
+            small = small && fabs(tst_load(t, a.t[i].in, j)) <= 2.0;
     double max_pos = 0;
     for (size_t j = 0; j < 4 * (size_t)p->seq_len; j++)
-        max_pos = fmax(max_pos, fabs((double)a.positions[j]));
+        max_pos = fmax(max_pos, fabs((double)pos[j]));
     const double max_angle = max_pos * (p->freq_base >= 1.0f ? 1.0 : 1.0 / (double)p->freq_base);
     const bool precise = small && max_angle <= 1048576.0;
     fz_stat("valid calls");
@@ -390,16 +386,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fz_stat("valid calls in place");
     if (rc.qk && fz_overlap(rc.q_in, fz_used(rc.q_in), rc.k_in, fz_used(rc.k_in)))
         fz_stat("valid qk calls whose inputs overlap");
-    for (int i = 0; i < a.n_tensors; i++) {
-        const size_t bad = fz_rope_check(&a, i, a.t[i].in, lmk_buffer_data(outs[i]), ref64[i], precise);
-        FZ_CHECK(bad == SIZE_MAX,
-                 "rope_multi%s(head_dim %u, rope_dim %u, seq %u, base %g, mode %d, sections [%u,%u,%u,%u], pairing %d, "
-                 "%s): %s element %zu (row %zu, j %zu) is %.9g, reference %.9g, input %.9g",
-                 rc.qk ? "_qk" : "", p->head_dim, p->rope_dim, p->seq_len, (double)p->freq_base, (int)p->mode,
-                 p->sections[0], p->sections[1], p->sections[2], p->sections[3], (int)p->pairing, lmk_dtype_name(t),
-                 i ? "k" : "q", bad, bad / p->head_dim, bad % p->head_dim, fz_load(t, lmk_buffer_data(outs[i]), bad),
-                 ref64[i][bad], fz_load(t, a.t[i].in, bad));
-    }
+    const void *got[2] = {lmk_buffer_data(rc.q_out), rc.qk ? lmk_buffer_data(rc.k_out) : NULL};
+    tst_result res;
+    FZ_CHECK(tst_rope_verify(&a, got, precise, &res),
+             "rope_multi%s(head_dim %u, rope_dim %u, seq %u, base %g, mode %d, sections [%u,%u,%u,%u], pairing %d, "
+             "%s): %s",
+             rc.qk ? "_qk" : "", p->head_dim, p->rope_dim, p->seq_len, (double)p->freq_base, (int)p->mode,
+             p->sections[0], p->sections[1], p->sections[2], p->sections[3], (int)p->pairing, lmk_dtype_name(t),
+             res.msg);
     const void *skip[2] = {lmk_buffer_data(rc.q_out), rc.qk ? lmk_buffer_data(rc.k_out) : NULL};
     const size_t skip_len[2] = {fz_used(rc.q_out), rc.qk ? fz_used(rc.k_out) : 0};
     FZ_CHECK(fz_world_changed(&c.world, skip, skip_len, 2) == NULL, "rope_multi wrote outside its outputs");
@@ -421,8 +415,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             free(first[i]);
         }
     }
-    free(ref64[0]);
-    free(ref64[1]);
     fz_call_end(&c, live_before);
     return 0;
 }
