@@ -10,8 +10,11 @@
  * lmk.h promises; the angle is formed in double from rope_common.h's rules (the ones lmk_rope's
  * paths use), and its cos/sin computed once per (token, pair) for all heads.
  *
- * Stack use is fixed: per-pair tables for CHUNK pairs (the rope_dim/2 of every real model fits one
- * chunk; larger ones are processed chunk by chunk) and norm factors for CHUNK rows at a time.
+ * Rows of up to FAST_DIM elements with rope_dim/2 <= CHUNK (every real model) take the row path at
+ * the end of this file; others an element-wise path. Stack use is fixed: per-pair tables for CHUNK
+ * pairs (larger rope_dim is processed chunk by chunk), norm factors for CHUNK rows at a time, and
+ * on the row path one row and the two widened norm weights (about 9 KB in all, inside lmk.h's
+ * 16 KiB bound).
  */
 #include "cpu/cpu.h"
 #include "ops/attn_prologue/attn_prologue.h"
@@ -231,6 +234,142 @@ static void do_token(const lmk_attn_prologue_args *a, ap_table *tb, bool freqs_c
     store_v(a, token, slot);
 }
 
+/* ---- the row path: rows of up to FAST_DIM elements with one chunk of pairs (every real model) ----
+ *
+ * A row is widened into a float buffer once, normed and rotated there with plain loops the
+ * compiler vectorises, and narrowed once per destination with inline conversions; the norm
+ * weights are widened (plus the offset) once per thread. The element-wise path above remains for
+ * head_dim > FAST_DIM or rope_dim/2 > CHUNK. */
+
+#define FAST_DIM 512
+
+typedef struct ap_weights {
+    float q[FAST_DIM], k[FAST_DIM]; /* w + weight_offset */
+} ap_weights;
+
+static void widen_row(lmk_dtype dt, const unsigned char *in, float *x, size_t n)
+{
+    if (dt == LMK_F32) {
+        memcpy(x, in, n * 4);
+    } else if (dt == LMK_BF16) {
+        const uint16_t *h = (const uint16_t *)(const void *)in;
+        for (size_t i = 0; i < n; i++) {
+            const uint32_t u = (uint32_t)h[i] << 16;
+            memcpy(&x[i], &u, 4);
+        }
+    } else {
+        const uint16_t *h = (const uint16_t *)(const void *)in;
+        for (size_t i = 0; i < n; i++)
+            x[i] = lmk_f16_to_f32(h[i]);
+    }
+}
+
+/* lmk_f32_to_bf16, inline: nearest even, NaN kept quiet with its sign. */
+LMK_INLINE uint16_t to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x0040u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* Stores elements [lo, hi) of x to a destination row (x / scale, quantised, for f8). */
+static void narrow_row(const row_dest *d, const float *x, size_t lo, size_t hi)
+{
+    switch (d->dt) {
+    case LMK_F32:
+        memcpy((float *)(void *)d->p + lo, x + lo, (hi - lo) * 4);
+        break;
+    case LMK_BF16: {
+        uint16_t *o = (uint16_t *)(void *)d->p;
+        for (size_t i = lo; i < hi; i++)
+            o[i] = to_bf16(x[i]);
+        break;
+    }
+    case LMK_F16: {
+        uint16_t *o = (uint16_t *)(void *)d->p;
+        for (size_t i = lo; i < hi; i++)
+            o[i] = lmk_f32_to_f16(x[i]);
+        break;
+    }
+    default:
+        for (size_t i = lo; i < hi; i++)
+            d->p[i] = lmk_f32_to_f8e4m3(x[i] / d->scale);
+        break;
+    }
+}
+
+/* The rotated elements of a row (a pair at a time): the element indices of pair p. */
+LMK_INLINE void pair_of(const lmk_rope_args *r, size_t p, size_t *ia, size_t *ib)
+{
+    *ia = r->interleaved ? 2 * p : p;
+    *ib = r->interleaved ? *ia + 1 : p + r->pair_stride;
+}
+
+/* One row through the whole chain into its destinations. */
+static void do_row_fast(const lmk_attn_prologue_args *a, const ap_table *tb, const float *w, const ap_row *r)
+{
+    const lmk_rope_args *ra = &a->rope;
+    const size_t d = ra->head_dim, n = ra->angle.n_pairs, es = lmk_dtype_size(ra->dtype);
+    const float m = (float)ra->angle.mscale;
+    float x[FAST_DIM];
+    widen_row(ra->dtype, r->in, x, d);
+    if (r->w) {
+        double ss = 0;
+        for (size_t i = 0; i < d; i++)
+            ss += (double)x[i] * x[i];
+        const float rr = (float)(1.0 / sqrt(ss / (double)d + a->eps));
+        for (size_t i = 0; i < d; i++)
+            x[i] = x[i] * rr * w[i];
+    }
+    for (size_t p = 0; p < n; p++) {
+        size_t ia, ib;
+        pair_of(ra, p, &ia, &ib);
+        const float xa = x[ia], xb = x[ib];
+        x[ia] = (xa * tb->c[p] - xb * tb->s[p]) * m;
+        x[ib] = (xa * tb->s[p] + xb * tb->c[p]) * m;
+    }
+    /* Destinations last to first: the first may be the input itself (in place), whose bits the
+     * others still need when there is no norm. */
+    for (int k = r->n_dest - 1; k >= 0; k--) {
+        const row_dest *dst = &r->dest[k];
+        if (r->w || dst->dt != ra->dtype) {
+            narrow_row(dst, x, 0, d);
+            continue;
+        }
+        if (dst->p != r->in) /* no norm: the input's own bits outside the rotated pairs */
+            memcpy(dst->p, r->in, d * es);
+        for (size_t p = 0; p < n; p++) {
+            size_t ia, ib;
+            pair_of(ra, p, &ia, &ib);
+            narrow_row(dst, x, ia, ia + 1);
+            narrow_row(dst, x, ib, ib + 1);
+        }
+    }
+}
+
+static void widen_weights(const lmk_attn_prologue_args *a, ap_weights *w)
+{
+    const float off = (float)a->weight_offset;
+    for (size_t i = 0; i < a->rope.head_dim; i++) {
+        w->q[i] = a->q_norm_w ? ld(a->q_norm_dtype, a->q_norm_w, i) + off : 1.0f;
+        w->k[i] = a->k_norm_w ? ld(a->k_norm_dtype, a->k_norm_w, i) + off : 1.0f;
+    }
+}
+
+static void do_token_fast(const lmk_attn_prologue_args *a, ap_table *tb, const ap_weights *w, size_t token)
+{
+    const size_t hq = a->rope.t[0].n_heads, rows = hq + a->rope.t[1].n_heads;
+    const long long slot = slot_of(a, token);
+    fill_angles(&a->rope.angle, tb, a->rope.angle.n_pairs, token);
+    for (size_t h = 0; h < rows; h++) {
+        const ap_row r = make_row(a, token, h, slot);
+        do_row_fast(a, tb, h < hq ? w->q : w->k, &r);
+    }
+    store_v(a, token, slot);
+}
+
 static void prologue_task(void *ctx, int tid, int n_threads)
 {
     const lmk_attn_prologue_args *a = ctx;
@@ -242,6 +381,13 @@ static void prologue_task(void *ctx, int tid, int n_threads)
     const bool one_chunk = a->rope.angle.n_pairs <= CHUNK;
     if (one_chunk)
         fill_freqs(&a->rope.angle, &tb, 0, a->rope.angle.n_pairs);
+    if (one_chunk && a->rope.head_dim <= FAST_DIM) {
+        ap_weights w;
+        widen_weights(a, &w);
+        for (size_t token = lo; token < hi; token++)
+            do_token_fast(a, &tb, &w, token);
+        return;
+    }
     for (size_t token = lo; token < hi; token++)
         do_token(a, &tb, one_chunk, token);
 }
