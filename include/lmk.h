@@ -177,6 +177,9 @@ LMK_API int lmk_device_count(lmk_backend backend);
  * The device name changes at this call to show the new count (see lmk_device_name). CUDA devices
  * ignore it. Errors: INVALID_ARGUMENT (dev NULL, n_threads > 1024). */
 LMK_API lmk_status lmk_device_set_threads(lmk_device *dev, int n_threads);
+/* CPU: the worker-thread count a stream created now gets (the last lmk_device_set_threads, else
+ * the default above); a stream keeps the count it was created with. 0 for CUDA devices and NULL. */
+LMK_API int lmk_device_threads(const lmk_device *dev);
 
 /* ------------------------------------------------------------------------------------------------
  * Buffers

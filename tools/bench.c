@@ -1,10 +1,11 @@
 /*
- * bench.c - `lmk bench`: each op at Qwen3.5-27B shapes, timed against a copy ceiling of the same run.
+ * bench.c - `lmk bench`: each op at real model shapes, timed against a copy ceiling of the same run.
  *
- * Every case declares the bytes it must move (inputs read once, outputs written once, positions)
- * and reports them per second next to the bandwidth of a plain copy of as many bytes, measured on
- * the same device with the same threads: the fraction says how close the op comes to the memory
- * system's limit. docs/bench.md explains the columns.
+ * The cases are the ops' own benchmark cases (their descriptors, src/ops/<op>/case.c, through the
+ * test kit's registry), each declaring the bytes it must move (inputs read once, outputs written
+ * once, positions and the like), reported per second next to the bandwidth of a plain copy of as
+ * many bytes, measured on the same device with the same threads: the fraction says how close the
+ * op comes to the memory system's limit. docs/bench.md explains the columns.
  *
  * Cold memory: a case whose buffers would stay in the last-level cache between calls runs on
  * several copies of them, used in turn, so that every call reads from and writes to memory, as in
@@ -31,34 +32,15 @@
 
 #define MAX_SETS 64
 #define MAX_T_LIST 16
+#define MAX_CASES 256
 #define CPU_CACHE_BYTES ((size_t)32 << 20) /* the dev box's L3; sysconf's figure is wrong in VMs */
 #define GPU_CACHE_BYTES ((size_t)64 << 20) /* above the 50 MB L2 of an H100/H200 */
-#define POOL_ELEMS ((size_t)2 << 20)       /* random elements tiled over every input */
 #define CPU_MIN_SAMPLES 5
 #define CPU_MIN_SAMPLE_S 20e-6
 #define CPU_MAX_SAMPLES 2000
 #define CPU_BUDGET_S 0.25 /* per measurement: enough calls for a stable median, 60 s for the run */
 #define CPU_MAX_ROUND 3   /* functions timed in one round: the op, memcpy, the streaming copy */
 #define CUDA_REPS 20
-
-/* Qwen3.5/3.6-27B: full attention Q 24 and K 4 heads of head_dim 256 (rope_dim 64), and the Gated
- * DeltaNet q/k broadcast from 16 heads to 48 (27B) or 32 (4B/9B/35B-A3B), K = 128. */
-#define Q_HEADS 24
-#define K_HEADS 4
-#define HEAD_DIM 256
-#define ROPE_DIM 64
-
-enum { OP_ROPE, OP_ROPE_QK, OP_REPEAT };
-
-typedef struct bench_case {
-    char name[32];
-    int op;
-    lmk_dtype dtype;
-    uint32_t T;
-    uint32_t n_heads, n_k_heads; /* rope */
-    bool in_place;               /* rope: every tensor rotated in place */
-    uint32_t hg, h;              /* repeat (K = 128) */
-} bench_case;
 
 typedef struct bench_result {
     double bytes;      /* bytes the op must move per call */
@@ -69,64 +51,34 @@ typedef struct bench_result {
     int samples;
 } bench_result;
 
-/* What one timed call needs: n_sets copies of a case's buffers, used in turn. */
+/* What one timed call needs: n_sets copies of a case (tst_inst), used in turn. */
 typedef struct bench_run {
     lmk_stream *s;
-    const bench_case *bc;
-    lmk_rope_multi_params rope;
-    lmk_repeat_tiled_params repeat;
+    tst_inst *sets[MAX_SETS];
     int n_sets, next;
-    lmk_buffer *in[MAX_SETS][2], *out[MAX_SETS][2], *pos[MAX_SETS];
 } bench_run;
 
 typedef struct bench_opts {
     lmk_backend backend;
-    int op;          /* 0 repeat, 1 rope, 2 all */
-    int dtype;       /* 0 f32, 1 bf16, 2 all */
+    const tst_op *op; /* NULL: all */
+    int dtype;        /* 0 f32, 1 bf16, 2 all */
     uint32_t T[MAX_T_LIST];
     int n_T;
-    int threads;     /* 0: the device default */
-    int iters;       /* 0: adaptive */
+    int threads;      /* 0: the device default */
+    int iters;        /* 0: adaptive */
     bool json;
 } bench_opts;
 
-/* ---- the bytes of a case ---- */
-
-static size_t tensor_bytes(const bench_case *bc, uint32_t heads)
-{
-    return (size_t)bc->T * heads * HEAD_DIM * lmk_dtype_size(bc->dtype);
-}
-
-/* The bytes the op must move. Out of place: every input read and every output written once, and
- * the positions. In place only the rotated elements are read and written: the rest of each row
- * stays where it is. Repeat: src read once, dst written once. */
-static double case_bytes(const bench_case *bc)
-{
-    const double pos = 4.0 * bc->T * sizeof(int32_t), es = (double)lmk_dtype_size(bc->dtype);
-    switch (bc->op) {
-    case OP_ROPE:
-        if (bc->in_place)
-            return 2.0 * bc->T * bc->n_heads * ROPE_DIM * es + pos;
-        return 2.0 * (double)tensor_bytes(bc, bc->n_heads) + pos;
-    case OP_ROPE_QK:
-        if (bc->in_place)
-            return 2.0 * bc->T * (bc->n_heads + bc->n_k_heads) * ROPE_DIM * es + pos;
-        return 2.0 * (double)(tensor_bytes(bc, bc->n_heads) + tensor_bytes(bc, bc->n_k_heads)) + pos;
-    default:
-        return (double)bc->T * (bc->hg + bc->h) * 128 * es;
-    }
-}
-
-/* How many buffer sets to rotate through: one when a set alone is four times the cache, else
- * enough to be four times the cache together (at twice, a third of a set could still be in the
- * cache when its turn came: seen on the 32 MB-L3 CPU with the 67 MB bf16 repeat, whose source stayed
- * hot); one (hot, reported "in cache") when even MAX_SETS would not do. */
-static int choose_sets(double touched, size_t cache, bool *in_cache)
+/* How many buffer sets to rotate through, from the bytes a set occupies: one when a set alone is
+ * four times the cache, else enough to be four times the cache together (at twice, a third of a
+ * set could still be in the cache when its turn came: seen on the 32 MB-L3 CPU with the 67 MB bf16
+ * repeat, whose source stayed hot); one (hot, reported "in cache") when even MAX_SETS would not do. */
+static int choose_sets(double footprint, size_t cache, bool *in_cache)
 {
     *in_cache = false;
-    if (touched >= 4.0 * (double)cache)
+    if (footprint >= 4.0 * (double)cache)
         return 1;
-    const double n = ceil(4.0 * (double)cache / touched);
+    const double n = ceil(4.0 * (double)cache / footprint);
     if (n > MAX_SETS) {
         *in_cache = true;
         return 1;
@@ -134,108 +86,22 @@ static int choose_sets(double touched, size_t cache, bool *in_cache)
     return n < 2 ? 2 : (int)n;
 }
 
-/* ---- random inputs ---- */
-
-/* Fills a buffer from a random pool of its dtype, starting at a random place in the pool. */
-static lmk_status fill_from_pool(lmk_buffer *b, const unsigned char *pool, size_t pool_bytes, tool_rng *rng)
-{
-    const size_t n = lmk_buffer_byte_len(b), es = lmk_dtype_size(lmk_buffer_dtype(b));
-    size_t from = (size_t)(tool_rng_next(rng) % (pool_bytes / es)) * es;
-    lmk_status st = LMK_OK;
-    for (size_t at = 0; at < n && st == LMK_OK;) {
-        const size_t len = n - at < pool_bytes - from ? n - at : pool_bytes - from;
-        st = lmk_buffer_write(b, at, pool + from, len);
-        at += len;
-        from = 0;
-    }
-    return st;
-}
-
-/* Text positions (all four axes the token's index) after a random start, as in a prefill that
- * continues a conversation. */
-static lmk_status fill_positions(lmk_buffer *b, uint32_t T, tool_rng *rng)
-{
-    int32_t *pos = malloc(4 * (size_t)T * sizeof *pos);
-    if (!pos)
-        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk bench: out of host memory for %u positions", 4 * T);
-    const int32_t start = 1 + (int32_t)(tool_rng_next(rng) % 100000);
-    for (size_t a = 0; a < 4; a++)
-        for (uint32_t i = 0; i < T; i++)
-            pos[a * T + i] = start + (int32_t)i;
-    const lmk_status st = lmk_buffer_write(b, 0, pos, 4 * (size_t)T * sizeof *pos);
-    free(pos);
-    return st;
-}
-
-static void run_free(bench_run *r)
-{
-    for (int i = 0; i < MAX_SETS; i++) {
-        for (int j = 0; j < 2; j++) {
-            if (r->out[i][j] != r->in[i][j])
-                lmk_buffer_free(r->out[i][j]);
-            lmk_buffer_free(r->in[i][j]);
-            r->in[i][j] = r->out[i][j] = NULL;
-        }
-        lmk_buffer_free(r->pos[i]);
-        r->pos[i] = NULL;
-    }
-}
-
-static lmk_status alloc_tensor(lmk_device *dev, lmk_dtype dt, size_t d0, size_t d1, size_t d2, lmk_buffer **out)
-{
-    const size_t shape[3] = {d0, d1, d2};
-    return lmk_buffer_alloc(dev, d0 * d1 * d2 * lmk_dtype_size(dt), dt, shape, 3, out);
-}
-
-/* Allocates and fills run->n_sets sets of the case's buffers. */
-static lmk_status run_setup(bench_run *r, lmk_device *dev, const unsigned char *pool, size_t pool_bytes,
-                            tool_rng *rng)
-{
-    const bench_case *bc = r->bc;
-    lmk_status st = LMK_OK;
-    for (int i = 0; i < r->n_sets && st == LMK_OK; i++) {
-        if (bc->op == OP_REPEAT) {
-            st = alloc_tensor(dev, bc->dtype, bc->T, bc->hg, 128, &r->in[i][0]);
-            if (st == LMK_OK)
-                st = alloc_tensor(dev, bc->dtype, bc->T, bc->h, 128, &r->out[i][0]);
-            if (st == LMK_OK)
-                st = fill_from_pool(r->in[i][0], pool, pool_bytes, rng);
-            continue;
-        }
-        const size_t n_pos = 4 * (size_t)bc->T;
-        st = lmk_buffer_alloc(dev, n_pos * sizeof(int32_t), LMK_I32, &n_pos, 1, &r->pos[i]);
-        if (st == LMK_OK)
-            st = fill_positions(r->pos[i], bc->T, rng);
-        const int n_t = bc->op == OP_ROPE_QK ? 2 : 1;
-        for (int j = 0; j < n_t && st == LMK_OK; j++) {
-            const uint32_t heads = j ? bc->n_k_heads : bc->n_heads;
-            st = alloc_tensor(dev, bc->dtype, bc->T, heads, HEAD_DIM, &r->in[i][j]);
-            if (st == LMK_OK)
-                st = fill_from_pool(r->in[i][j], pool, pool_bytes, rng);
-            if (st == LMK_OK && bc->in_place)
-                r->out[i][j] = r->in[i][j];
-            else if (st == LMK_OK)
-                st = alloc_tensor(dev, bc->dtype, bc->T, heads, HEAD_DIM, &r->out[i][j]);
-        }
-    }
-    return st;
-}
-
-/* One call of the case's op on the next set of buffers: what every timer calls. */
+/* One call of the case's op on the next set: what every timer calls. */
 static lmk_status run_call(void *ctx)
 {
     bench_run *r = ctx;
     const int i = r->next;
     r->next = (r->next + 1) % r->n_sets;
-    switch (r->bc->op) {
-    case OP_ROPE:
-        return lmk_rope_multi(r->s, r->in[i][0], r->out[i][0], r->pos[i], &r->rope);
-    case OP_ROPE_QK:
-        return lmk_rope_multi_qk(r->s, r->in[i][0], r->out[i][0], r->in[i][1], r->out[i][1], r->pos[i], &r->rope,
-                                 r->bc->n_k_heads);
-    default:
-        return lmk_repeat_tiled(r->s, r->in[i][0], r->out[i][0], &r->repeat);
-    }
+    return tst_inst_run(r->sets[i], r->s);
+}
+
+/* The bytes the case's buffers occupy on the device. */
+static double footprint(const tst_inst *in)
+{
+    double b = 0;
+    for (int i = 0; i < in->mem.n_r; i++)
+        b += (double)in->mem.r[i].len;
+    return b;
 }
 
 /* ---- CPU timing ---- */
@@ -258,30 +124,30 @@ static lmk_status cpu_time_rounds(int k, lmk_status (*const fn[])(void *), void 
     const int max = iters ? iters : CPU_MAX_SAMPLES;
     double *t = malloc((size_t)k * (size_t)max * sizeof *t);
     if (!t)
-        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk bench: out of host memory");
+        return tst_fail(LMK_ERR_OUT_OF_MEMORY, "lmk bench: out of host memory");
     lmk_status st = LMK_OK;
     int batch[CPU_MAX_ROUND];
     for (int j = 0; j < k; j++) {
         for (int i = 0; i < warmup && st == LMK_OK; i++)
             st = fn[j](ctx[j]);
         for (batch[j] = 1; st == LMK_OK && batch[j] < 1024; batch[j] *= 2) {
-            const double t0 = tool_now();
+            const double t0 = tst_now();
             for (int i = 0; i < batch[j] && st == LMK_OK; i++)
                 st = fn[j](ctx[j]);
-            if (tool_now() - t0 >= CPU_MIN_SAMPLE_S)
+            if (tst_now() - t0 >= CPU_MIN_SAMPLE_S)
                 break;
         }
     }
     int n = 0;
-    const double start = tool_now();
+    const double start = tst_now();
     while (st == LMK_OK && n < max) {
-        if (!iters && n >= CPU_MIN_SAMPLES && tool_now() - start >= CPU_BUDGET_S * k)
+        if (!iters && n >= CPU_MIN_SAMPLES && tst_now() - start >= CPU_BUDGET_S * k)
             break;
         for (int j = 0; j < k && st == LMK_OK; j++) {
-            const double t0 = tool_now();
+            const double t0 = tst_now();
             for (int i = 0; i < batch[j] && st == LMK_OK; i++)
                 st = fn[j](ctx[j]);
-            t[(size_t)j * (size_t)max + (size_t)n] = (tool_now() - t0) / batch[j];
+            t[(size_t)j * (size_t)max + (size_t)n] = (tst_now() - t0) / batch[j];
         }
         n++;
     }
@@ -500,7 +366,7 @@ static lmk_status copy_setup(copy_run *c, copy_pool *pool, double bytes, int n_s
         c->src[i] = aligned_alloc(64, c->len);
         c->dst[i] = aligned_alloc(64, c->len);
         if (!c->src[i] || !c->dst[i])
-            return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "copy ceiling: cannot allocate 2 x %zu bytes", c->len);
+            return tst_fail(LMK_ERR_OUT_OF_MEMORY, "copy ceiling: cannot allocate 2 x %zu bytes", c->len);
         memset(c->src[i], 0x5a, c->len); /* never-touched pages would all read the one zero page */
         memset(c->dst[i], 0xa5, c->len);
     }
@@ -523,98 +389,88 @@ typedef struct bench_env {
     bool cuda;
     copy_pool *pool;                 /* CPU only */
     int threads;                     /* CPU: the stream's thread count */
-    unsigned char *pools[LMK_DTYPE_COUNT]; /* POOL_ELEMS random elements per dtype, made on first use */
-    tool_rng rng;
+    uint64_t seed;
 } bench_env;
 
-static lmk_status run_case(bench_env *e, const bench_opts *o, const bench_case *bc, bench_result *res)
+/* Makes the case's buffer sets (the first tells how many it takes to leave the cache). */
+static lmk_status make_sets(bench_env *e, const tst_case *c, bench_run *r, bench_result *res)
 {
-    const size_t es = lmk_dtype_size(bc->dtype);
-    if (!e->pools[bc->dtype]) {
-        e->pools[bc->dtype] = malloc(POOL_ELEMS * es);
-        if (!e->pools[bc->dtype])
-            return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk bench: out of host memory for random data");
-        tool_fill_random(&e->rng, bc->dtype, e->pools[bc->dtype], POOL_ELEMS);
-    }
-    memset(res, 0, sizeof *res);
-    res->bytes = case_bytes(bc);
-    /* In place, the lines a call touches are those it reads and writes back: half the count. */
-    const double touched = bc->in_place ? res->bytes / 2 : res->bytes;
-    res->n_sets = choose_sets(touched, e->cuda ? GPU_CACHE_BYTES : CPU_CACHE_BYTES, &res->in_cache);
-
-    bench_run *r = calloc(1, sizeof *r);
-    if (!r)
-        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk bench: out of host memory");
-    r->s = e->s;
-    r->bc = bc;
-    r->n_sets = res->n_sets;
-    r->rope = (lmk_rope_multi_params){
-        .head_dim = HEAD_DIM, .rope_dim = ROPE_DIM, .n_heads = bc->n_heads, .seq_len = bc->T, .freq_base = 1e7f,
-        .mode = LMK_ROPE_IMROPE, .sections = {11, 11, 10, 0}, .pairing = LMK_ROPE_PAIR_HALF_ROPE,
-    };
-    r->repeat = (lmk_repeat_tiled_params){.seq = bc->T, .hg = bc->hg, .h = bc->h, .k = 128};
-    lmk_status st = run_setup(r, e->dev, e->pools[bc->dtype], POOL_ELEMS * es, &e->rng);
-    if (st == LMK_OK && (st = lmk_stream_sync(e->s)) == LMK_OK) {
-        if (!e->cuda) {
-            /* The op and its ceiling copies (memcpy; out of cache also streaming stores, the faster
-             * counts) are timed in interleaved rounds: this VM's bandwidth drifts by a third from
-             * one second to the next, and timing them one after the other made the fraction
-             * swing between 0.65 and 0.99 for the same op. */
-            copy_run cm, cs;
-            st = copy_setup(&cm, e->pool, res->bytes, res->n_sets);
-            cs = cm;
-            cs.stream = true;
-            lmk_status (*const fns[CPU_MAX_ROUND])(void *) = {run_call, copy_call, copy_call};
-            void *const ctxs[CPU_MAX_ROUND] = {r, &cm, &cs};
-            double med[CPU_MAX_ROUND];
-            const int k = res->in_cache ? 2 : 3;
-            if (st == LMK_OK)
-                st = cpu_time_rounds(k, fns, ctxs, r->n_sets + 1, o->iters, med, &res->samples);
-            if (st == LMK_OK)
-                st = lmk_stream_sync(e->s);
-            if (st == LMK_OK) {
-                res->time_s = med[0];
-                res->ceiling_bps = 2.0 * (double)cm.len / (k == 3 && med[2] < med[1] ? med[2] : med[1]);
-                res->memcpy_bps = 2.0 * (double)cm.len / med[1];
-            }
-            copy_free(&cm);
-        }
-#ifdef LMK_WITH_CUDA
-        else {
-            /* Graph replay keeps host launch gaps out of every case; a decode-sized call is
-             * replayed 100 times per sample so that event resolution does not matter. */
-            const int inner = bc->T == 1 ? 100 : 10;
-            res->samples = o->iters ? o->iters : CUDA_REPS;
-            st = lmk_bench_cuda_time(e->s, run_call, r, r->n_sets + 2, res->samples, inner, 1, &res->time_s);
-            if (st == LMK_OK && bc->T == 1)
-                st = lmk_bench_cuda_host_cost(e->s, run_call, r, 1000, &res->host_s);
-        }
-#endif
-    }
-    run_free(r);
-    free(r);
+    lmk_status st = tst_inst_make(c, e->dev, e->seed++, TST_INST_FAST, NULL, &r->sets[0]);
     if (st != LMK_OK)
         return st;
+    r->n_sets = 1;
+    const int want = choose_sets(footprint(r->sets[0]), e->cuda ? GPU_CACHE_BYTES : CPU_CACHE_BYTES, &res->in_cache);
+    for (; r->n_sets < want && st == LMK_OK; r->n_sets++)
+        st = tst_inst_make(c, e->dev, e->seed++, TST_INST_FAST, NULL, &r->sets[r->n_sets]);
+    if (st != LMK_OK)
+        r->n_sets--; /* the failed one made nothing */
+    res->n_sets = r->n_sets;
+    return st;
+}
+
+/* The op and its ceiling copies (memcpy; out of cache also streaming stores, the faster counts),
+ * timed in interleaved rounds: this VM's bandwidth drifts by a third from one second to the next,
+ * and timing them one after the other made the fraction swing between 0.65 and 0.99 for the same
+ * op. */
+static lmk_status time_cpu(bench_env *e, const bench_opts *o, bench_run *r, bench_result *res)
+{
+    copy_run cm, cs;
+    lmk_status st = copy_setup(&cm, e->pool, res->bytes, res->n_sets);
+    cs = cm;
+    cs.stream = true;
+    lmk_status (*const fns[CPU_MAX_ROUND])(void *) = {run_call, copy_call, copy_call};
+    void *const ctxs[CPU_MAX_ROUND] = {r, &cm, &cs};
+    double med[CPU_MAX_ROUND];
+    const int k = res->in_cache ? 2 : 3;
+    if (st == LMK_OK)
+        st = cpu_time_rounds(k, fns, ctxs, r->n_sets + 1, o->iters, med, &res->samples);
+    if (st == LMK_OK)
+        st = lmk_stream_sync(e->s);
+    if (st == LMK_OK) {
+        res->time_s = med[0];
+        res->ceiling_bps = 2.0 * (double)cm.len / (k == 3 && med[2] < med[1] ? med[2] : med[1]);
+        res->memcpy_bps = 2.0 * (double)cm.len / med[1];
+    }
+    copy_free(&cm);
+    return st;
+}
+
+static lmk_status run_case(bench_env *e, const bench_opts *o, const tst_case *c, bench_result *res)
+{
+    memset(res, 0, sizeof *res);
+    res->bytes = c->op->bytes(c);
+    bench_run *r = calloc(1, sizeof *r);
+    if (!r)
+        return tst_fail(LMK_ERR_OUT_OF_MEMORY, "lmk bench: out of host memory");
+    r->s = e->s;
+    lmk_status st = make_sets(e, c, r, res);
+    if (st == LMK_OK)
+        st = lmk_stream_sync(e->s);
+    if (st == LMK_OK && !e->cuda)
+        st = time_cpu(e, o, r, res);
 #ifdef LMK_WITH_CUDA
-    if (e->cuda)
-        return lmk_bench_cuda_copy_ceiling(e->s, (size_t)(res->bytes / 2), &res->ceiling_bps); /* copy size */
+    if (st == LMK_OK && e->cuda) {
+        /* Graph replay keeps host launch gaps out of every case; a decode-sized call is replayed 100
+         * times per sample so that event resolution does not matter. */
+        const int inner = c->T == 1 ? 100 : 10;
+        res->samples = o->iters ? o->iters : CUDA_REPS;
+        st = bench_cuda_time(e->s, 0, run_call, r, r->n_sets + 2, res->samples, inner, 1, &res->time_s);
+        if (st == LMK_OK && c->T == 1)
+            st = bench_cuda_host_cost(e->s, 0, run_call, r, 1000, &res->host_s);
+        if (st == LMK_OK)
+            st = bench_cuda_copy_ceiling(e->s, 0, (size_t)(res->bytes / 2), &res->ceiling_bps); /* copy size */
+    }
 #endif
-    return LMK_OK;
+    for (int i = 0; i < r->n_sets; i++)
+        tst_inst_free(r->sets[i]);
+    free(r);
+    return st;
 }
 
 /* ---- the case list ---- */
 
-static bench_case *add_case(bench_case *cases, int *n, const bench_case *base, int op, const char *name)
-{
-    bench_case *c = &cases[(*n)++];
-    *c = *base;
-    c->op = op;
-    snprintf(c->name, sizeof c->name, "%s", name);
-    return c;
-}
-
-/* The default list, narrowed by --op and --dtype; at most 6 cases per dtype and T. */
-static int make_cases(const bench_opts *o, bench_case *cases)
+/* Every selected op's benchmark cases, per dtype and token count. */
+static int make_cases(const bench_opts *o, tst_case *cases)
 {
     static const lmk_dtype dts[] = {LMK_F32, LMK_BF16};
     int n = 0;
@@ -624,53 +480,28 @@ static int make_cases(const bench_opts *o, bench_case *cases)
     for (int d = 0; d < 2; d++) {
         if (o->dtype != 2 && o->dtype != d)
             continue;
-        for (int k = 0; k < o->n_T; k++) {
-            const bench_case base = {.dtype = dts[d], .T = o->T[k], .n_heads = Q_HEADS, .hg = 16};
-            if (o->op != 0) {
-                add_case(cases, &n, &base, OP_ROPE, "rope Q");
-                add_case(cases, &n, &base, OP_ROPE, "rope K")->n_heads = K_HEADS;
-                add_case(cases, &n, &base, OP_ROPE_QK, "rope Q+K fused")->n_k_heads = K_HEADS;
-                /* In place at the longest prompt, in the model's own dtype. */
-                if (o->T[k] == t_max && dts[d] == LMK_BF16)
-                {
-                    bench_case *c = add_case(cases, &n, &base, OP_ROPE_QK, "rope Q+K in-place");
-                    c->n_k_heads = K_HEADS;
-                    c->in_place = true;
-                }
-            }
-            if (o->op != 1) {
-                add_case(cases, &n, &base, OP_REPEAT, "repeat 16->48")->h = 48;
-                add_case(cases, &n, &base, OP_REPEAT, "repeat 16->32")->h = 32;
-            }
-        }
+        for (int k = 0; k < o->n_T; k++)
+            for (int i = 0; i < tst_op_count; i++)
+                if (!o->op || o->op == tst_ops[i])
+                    n += tst_op_bench_cases(tst_ops[i], o->T[k], dts[d], o->T[k] == t_max, cases + n, MAX_CASES - n);
     }
     return n;
 }
 
 /* ---- output ---- */
 
-static void json_string(const char *s)
-{
-    putchar('"');
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\')
-            putchar('\\');
-        if ((unsigned char)*s >= 0x20)
-            putchar(*s);
-    }
-    putchar('"');
-}
-
-static void print_row(const bench_env *e, const bench_case *bc, const bench_result *r, bool json, bool first)
+static void print_row(const bench_env *e, const tst_case *c, const bench_result *r, bool json, bool first)
 {
     const double gbs = r->bytes / r->time_s / 1e9, ceil_gbs = r->ceiling_bps / 1e9;
     if (json) {
-        printf("%s\n  {\"case\": ", first ? "" : ",");
-        json_string(bc->name);
+        printf("%s\n  {\"op\": ", first ? "" : ",");
+        tool_json_string(stdout, c->op->name);
+        printf(", \"case\": ");
+        tool_json_string(stdout, c->name);
         printf(", \"backend\": \"%s\", \"dtype\": \"%s\", \"T\": %u, \"time_us\": %.3f, \"bytes\": %.0f, "
                "\"gb_s\": %.2f, \"ceiling_gb_s\": %.2f, \"fraction\": %.3f, \"buffer_sets\": %d, "
                "\"in_cache\": %s, \"samples\": %d",
-               e->cuda ? "cuda" : "cpu", lmk_dtype_name(bc->dtype), bc->T, r->time_s * 1e6, r->bytes, gbs, ceil_gbs,
+               e->cuda ? "cuda" : "cpu", lmk_dtype_name(c->dtype), c->T, r->time_s * 1e6, r->bytes, gbs, ceil_gbs,
                gbs / ceil_gbs, r->n_sets, r->in_cache ? "true" : "false", r->samples);
         if (r->host_s > 0)
             printf(", \"host_us\": %.3f", r->host_s * 1e6);
@@ -682,15 +513,14 @@ static void print_row(const bench_env *e, const bench_case *bc, const bench_resu
         putchar('}');
         return;
     }
-    printf("%-17s %-5s %6u %10.2f %9.1f %13.1f %9.2f", bc->name, lmk_dtype_name(bc->dtype), bc->T, r->time_s * 1e6,
-           gbs, ceil_gbs, gbs / ceil_gbs);
+    printf("%10.2f %9.1f %13.1f %9.2f", r->time_s * 1e6, gbs, ceil_gbs, gbs / ceil_gbs);
     if (e->cuda && r->host_s > 0)
         printf(" %8.2f", r->host_s * 1e6);
     else if (e->cuda)
         printf(" %8s", "");
     else
         printf(" %10.2f", r->bytes / r->time_s / r->memcpy_bps);
-    printf("  %s\n", r->in_cache ? "in cache" : "");
+    printf(" %-8s  %s\n", r->in_cache ? "in cache" : "", c->name);
     fflush(stdout);
 }
 
@@ -733,9 +563,8 @@ static int parse_T_list(const char *v, bench_opts *o)
 static int parse_bench_opts(int argc, char **argv, bench_opts *o)
 {
     static const char *const backends[] = {"cpu", "cuda"};
-    static const char *const ops[] = {"repeat", "rope", "all"};
     static const char *const dtypes[] = {"f32", "bf16", "all"};
-    *o = (bench_opts){.backend = LMK_BACKEND_AUTO, .op = 2, .dtype = 2, .T = {1, 4106, 16384}, .n_T = 3};
+    *o = (bench_opts){.backend = LMK_BACKEND_AUTO, .dtype = 2, .T = {1, 4106, 16384}, .n_T = 3};
     for (int i = 2; i < argc; i++) {
         const char *v = NULL;
         uint64_t n;
@@ -747,7 +576,7 @@ static int parse_bench_opts(int argc, char **argv, bench_opts *o)
                 return TOOL_EXIT_USAGE;
             o->backend = c == 0 ? LMK_BACKEND_CPU : LMK_BACKEND_CUDA;
         } else if ((r = tool_opt(argc, argv, &i, "--op", &v)) != 0) {
-            if (r < 0 || (o->op = tool_parse_choice("--op", v, ops, 3)) < 0)
+            if (r < 0 || tool_parse_op(v, &o->op) < 0)
                 return TOOL_EXIT_USAGE;
         } else if ((r = tool_opt(argc, argv, &i, "--dtype", &v)) != 0) {
             if (r < 0 || (o->dtype = tool_parse_choice("--dtype", v, dtypes, 3)) < 0)
@@ -770,75 +599,77 @@ static int parse_bench_opts(int argc, char **argv, bench_opts *o)
     return 0;
 }
 
+/* Opens the device (with the thread count asked for) and a stream. */
+static int open_env(const bench_opts *o, bench_env *e)
+{
+    lmk_status st = lmk_device_open(o->backend, 0, &e->dev);
+    if (st != LMK_OK)
+        return tool_lib_error(st, "cannot open the device");
+    e->cuda = lmk_device_backend(e->dev) == LMK_BACKEND_CUDA;
+    if (o->threads && (st = lmk_device_set_threads(e->dev, o->threads)) != LMK_OK)
+        return tool_lib_error(st, "cannot set the thread count");
+    if ((st = lmk_stream_create(e->dev, &e->s)) != LMK_OK)
+        return tool_lib_error(st, "cannot create a stream");
+    e->threads = e->cuda ? 0 : lmk_device_threads(e->dev); /* what the stream's pool was made with */
+    if (!e->cuda && !(e->pool = copy_pool_new(e->threads))) {
+        fprintf(stderr, "lmk: cannot start %d threads for the copy ceiling\n", e->threads);
+        return TOOL_EXIT_FAIL;
+    }
+    return 0;
+}
+
+static void print_header(const bench_env *e)
+{
+    if (e->cuda)
+        printf("# lmk bench on %s\n# GB/s: the bytes each op must move, per second; ceiling: a device-to-device "
+               "copy moving as many bytes\n", lmk_device_name(e->dev));
+    else
+        printf("# lmk bench on %s, stream of %d thread%s\n# GB/s: the bytes each op must move, per second; "
+               "ceiling: a copy moving as many bytes on as many threads (memcpy or streaming stores)\n",
+               lmk_device_name(e->dev), e->threads, e->threads == 1 ? "" : "s");
+    printf("%10s %9s %13s %9s%s %-8s  %s\n", "time us", "GB/s", "ceiling GB/s", "fraction",
+           e->cuda ? "  host us" : " vs memcpy", "note", "case");
+}
+
 int tool_bench(int argc, char **argv)
 {
     bench_opts o;
     int rc = parse_bench_opts(argc, argv, &o);
     if (rc != 0)
         return rc;
-    bench_case cases[2 * MAX_T_LIST * 6];
+    tst_case *cases = calloc(MAX_CASES, sizeof *cases);
+    if (!cases)
+        return tool_usage_error("out of host memory");
     const int n_cases = make_cases(&o, cases);
 
-    bench_env e = {.rng = {0x1a2b3c4d5e6f7788ull}};
-    lmk_status st = lmk_device_open(o.backend, 0, &e.dev);
-    if (st != LMK_OK)
-        return tool_lib_error(st, "cannot open the device");
-    e.cuda = lmk_device_backend(e.dev) == LMK_BACKEND_CUDA;
-    if (o.threads && (st = lmk_device_set_threads(e.dev, o.threads)) != LMK_OK) {
-        lmk_device_close(e.dev);
-        return tool_lib_error(st, "cannot set the thread count");
-    }
-    if ((st = lmk_stream_create(e.dev, &e.s)) != LMK_OK) {
-        lmk_device_close(e.dev);
-        return tool_lib_error(st, "cannot create a stream");
-    }
-    const int threads = e.dev->n_threads; /* what the stream's pool was made with */
-    if (!e.cuda && !(e.pool = copy_pool_new(threads))) {
-        fprintf(stderr, "lmk: cannot start %d threads for the copy ceiling\n", threads);
-        rc = TOOL_EXIT_FAIL;
-    }
-
-    const bool progress = isatty(STDERR_FILENO);
-    if (rc == 0 && !o.json) {
-        if (e.cuda)
-            printf("# lmk bench on %s\n# GB/s: the bytes each op must move, per second; ceiling: a device-to-device "
-                   "copy moving as many bytes\n", lmk_device_name(e.dev));
-        else
-            printf("# lmk bench on %s, stream of %d thread%s\n# GB/s: the bytes each op must move, per second; "
-                   "ceiling: a copy moving as many bytes on as many threads (memcpy or streaming stores)\n",
-                   lmk_device_name(e.dev), threads, threads == 1 ? "" : "s");
-        printf("%-17s %-5s %6s %10s %9s %13s %9s%s  %s\n", "case", "dtype", "T", "time us", "GB/s", "ceiling GB/s",
-               "fraction", e.cuda ? "  host us" : " vs memcpy", "note");
-    } else if (rc == 0) {
+    bench_env e = {.seed = 0x1a2b3c4d5e6f7788ull};
+    rc = open_env(&o, &e);
+    if (rc == 0 && !o.json)
+        print_header(&e);
+    else if (rc == 0)
         putchar('[');
-    }
-    const double t0 = tool_now();
-    e.threads = e.cuda ? 0 : threads;
+    const bool progress = isatty(STDERR_FILENO);
+    const double t0 = tst_now();
     for (int i = 0; i < n_cases && rc == 0; i++) {
         if (progress)
-            fprintf(stderr, "\r\033[K[%d/%d] %s %s T=%u", i + 1, n_cases, cases[i].name,
-                    lmk_dtype_name(cases[i].dtype), cases[i].T);
+            fprintf(stderr, "\r\033[K[%d/%d] %s", i + 1, n_cases, cases[i].name);
         bench_result res;
-        st = run_case(&e, &o, &cases[i], &res);
+        const lmk_status st = run_case(&e, &o, &cases[i], &res);
         if (progress)
             fprintf(stderr, "\r\033[K");
-        if (st != LMK_OK) {
-            char what[96];
-            snprintf(what, sizeof what, "%.31s %s T=%u", cases[i].name, lmk_dtype_name(cases[i].dtype), cases[i].T);
-            rc = tool_lib_error(st, what);
-        } else {
+        if (st != LMK_OK)
+            rc = tool_lib_error(st, cases[i].name);
+        else
             print_row(&e, &cases[i], &res, o.json, i == 0);
-        }
     }
     if (o.json && rc == 0)
         printf("\n]\n");
     else if (rc == 0)
-        printf("# %d cases in %.1f s\n", n_cases, tool_now() - t0);
+        printf("# %d cases in %.1f s\n", n_cases, tst_now() - t0);
 
-    for (int d = 0; d < LMK_DTYPE_COUNT; d++)
-        free(e.pools[d]);
     copy_pool_free(e.pool);
     lmk_stream_destroy(e.s);
     lmk_device_close(e.dev);
+    free(cases);
     return rc;
 }

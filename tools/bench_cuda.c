@@ -1,7 +1,9 @@
 /*
  * bench_cuda.c - device timing for `lmk bench` on CUDA devices: cudaEvent medians (optionally of
  * CUDA-graph replays, which strip launch gaps), the device-to-device copy ceiling, and the host cost
- * of one op call. Built only with the CUDA backend (the build drops tools/ *_cuda.c otherwise).
+ * of one op call. Built only with the CUDA backend (the build drops tools/ *_cuda.c otherwise). It
+ * uses the public API and lmk_cuda.h; failures are reported through the test kit (tst_fail), read
+ * back with lmk_last_error() like the library's own.
  *
  * Method (the numbers must mean what they say): warm up first, so module loading and first-touch
  * costs stay out; take many samples and report the median, which one slow sample cannot move; time
@@ -10,8 +12,8 @@
  * whose prefill shapes are far larger than L2.
  */
 #include "bench_cuda.h"
-#include "core/internal.h"
 #include "lmk_cuda.h"
+#include "testkit.h"
 
 #include <stdlib.h>
 #include <time.h>
@@ -19,17 +21,18 @@
 static lmk_status cuda_err(cudaError_t e, const char *what)
 {
     (void)cudaGetLastError();
-    return lmk_fail(e == cudaErrorMemoryAllocation ? LMK_ERR_OUT_OF_MEMORY : LMK_ERR_DEVICE, "%s: %s (%s)", what,
+    return tst_fail(e == cudaErrorMemoryAllocation ? LMK_ERR_OUT_OF_MEMORY : LMK_ERR_DEVICE, "%s: %s (%s)", what,
                     cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
-/* Checks that s is a CUDA stream, makes its device current and returns its cudaStream_t. */
-static lmk_status bench_stream(lmk_stream *s, const char *fn, cudaStream_t *h)
+/* Checks that s is a CUDA stream, makes its device (CUDA device `ordinal`) current and returns its
+ * cudaStream_t. */
+static lmk_status bench_stream(lmk_stream *s, int ordinal, const char *fn, cudaStream_t *h)
 {
     if (!s || lmk_device_backend(lmk_stream_device(s)) != LMK_BACKEND_CUDA)
-        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: s must be a CUDA stream", fn);
+        return tst_fail(LMK_ERR_INVALID_ARGUMENT, "%s: s must be a CUDA stream", fn);
     int cur = -1;
-    const int want = s->dev->ordinal;
+    const int want = ordinal;
     if (cudaGetDevice(&cur) != cudaSuccess || cur != want) {
         const cudaError_t e = cudaSetDevice(want);
         if (e != cudaSuccess)
@@ -59,19 +62,19 @@ static double host_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-lmk_status lmk_bench_cuda_time(lmk_stream *s, lmk_status (*fn)(void *ctx), void *ctx, int warmup, int reps,
+lmk_status bench_cuda_time(lmk_stream *s, int ordinal, lmk_status (*fn)(void *ctx), void *ctx, int warmup, int reps,
                                int inner, int use_graph, double *median_s)
 {
-    static const char *const me = "lmk_bench_cuda_time";
+    static const char *const me = "bench_cuda_time";
     cudaStream_t h = 0;
-    lmk_status st = bench_stream(s, me, &h);
+    lmk_status st = bench_stream(s, ordinal, me, &h);
     if (st != LMK_OK)
         return st;
     if (!fn || !median_s || warmup < 0 || reps < 1 || inner < 1)
-        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: fn, median_s must be set, warmup >= 0, reps and inner >= 1",
+        return tst_fail(LMK_ERR_INVALID_ARGUMENT, "%s: fn, median_s must be set, warmup >= 0, reps and inner >= 1",
                         me);
     if (use_graph && (h == 0 || h == cudaStreamLegacy))
-        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: the legacy default stream cannot be captured into a graph",
+        return tst_fail(LMK_ERR_INVALID_ARGUMENT, "%s: the legacy default stream cannot be captured into a graph",
                         me);
 
     cudaGraph_t graph = NULL;
@@ -80,7 +83,7 @@ lmk_status lmk_bench_cuda_time(lmk_stream *s, lmk_status (*fn)(void *ctx), void 
     double *samples = malloc((size_t)reps * sizeof *samples);
     cudaError_t e = cudaSuccess;
     if (!samples)
-        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "%s: out of host memory", me);
+        return tst_fail(LMK_ERR_OUT_OF_MEMORY, "%s: out of host memory", me);
 
     for (int i = 0; i < warmup && st == LMK_OK; i++)
         st = fn(ctx);
@@ -88,7 +91,7 @@ lmk_status lmk_bench_cuda_time(lmk_stream *s, lmk_status (*fn)(void *ctx), void 
         goto done;
     if (use_graph) {
         if ((e = cudaStreamBeginCapture(h, cudaStreamCaptureModeThreadLocal)) != cudaSuccess) {
-            st = cuda_err(e, "lmk_bench_cuda_time: cudaStreamBeginCapture");
+            st = cuda_err(e, "bench_cuda_time: cudaStreamBeginCapture");
             goto done;
         }
         for (int i = 0; i < inner && st == LMK_OK; i++)
@@ -97,18 +100,18 @@ lmk_status lmk_bench_cuda_time(lmk_stream *s, lmk_status (*fn)(void *ctx), void 
         if (st != LMK_OK)
             goto done;
         if (e != cudaSuccess) {
-            st = cuda_err(e, "lmk_bench_cuda_time: cudaStreamEndCapture");
+            st = cuda_err(e, "bench_cuda_time: cudaStreamEndCapture");
             goto done;
         }
         if ((e = cudaGraphInstantiate(&exec, graph, 0)) != cudaSuccess ||
             (e = cudaGraphLaunch(exec, h)) != cudaSuccess) { /* one untimed replay: upload and warm */
-            st = cuda_err(e, "lmk_bench_cuda_time: cudaGraphInstantiate/Launch");
+            st = cuda_err(e, "bench_cuda_time: cudaGraphInstantiate/Launch");
             goto done;
         }
     }
     if ((e = cudaEventCreate(&ev[0])) != cudaSuccess || (e = cudaEventCreate(&ev[1])) != cudaSuccess ||
         (e = cudaStreamSynchronize(h)) != cudaSuccess) {
-        st = cuda_err(e, "lmk_bench_cuda_time: warm-up");
+        st = cuda_err(e, "bench_cuda_time: warm-up");
         goto done;
     }
     for (int r = 0; r < reps; r++) {
@@ -130,7 +133,7 @@ lmk_status lmk_bench_cuda_time(lmk_stream *s, lmk_status (*fn)(void *ctx), void 
         samples[r] = 1e-3 * (double)ms / inner;
     }
     if (e != cudaSuccess) {
-        st = cuda_err(e, "lmk_bench_cuda_time: timing");
+        st = cuda_err(e, "bench_cuda_time: timing");
         goto done;
     }
     *median_s = median(samples, reps);
@@ -150,16 +153,16 @@ done:
  * a graph of `inner` back-to-back device-to-device copies, rotating among buffer sets, replayed
  * REPS times. Timing one copy per event pair instead would charge each copy a launch gap that the
  * ops do not pay, and put the ceiling below what the ops reach. */
-lmk_status lmk_bench_cuda_copy_ceiling(lmk_stream *s, size_t bytes, double *bytes_per_s)
+lmk_status bench_cuda_copy_ceiling(lmk_stream *s, int ordinal, size_t bytes, double *bytes_per_s)
 {
-    static const char *const me = "lmk_bench_cuda_copy_ceiling";
+    static const char *const me = "bench_cuda_copy_ceiling";
     enum { MAX_SETS = 64, REPS = 31 };
     cudaStream_t h = 0;
-    lmk_status st = bench_stream(s, me, &h);
+    lmk_status st = bench_stream(s, ordinal, me, &h);
     if (st != LMK_OK)
         return st;
     if (!bytes_per_s || bytes == 0)
-        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: bytes_per_s must be set and bytes > 0", me);
+        return tst_fail(LMK_ERR_INVALID_ARGUMENT, "%s: bytes_per_s must be set and bytes > 0", me);
     /* Copy a whole number of 4 KiB pages: on the H200 a 100.9 MB copy ran at 2.7 TB/s when its size
      * carried the 32 KB of a rope case's positions, against 4.0 TB/s for round sizes, which made
      * ops "beat" their ceiling by 1.4x. The bandwidth is per byte, so the rounding costs nothing. */
@@ -167,7 +170,7 @@ lmk_status lmk_bench_cuda_copy_ceiling(lmk_stream *s, size_t bytes, double *byte
         bytes &= ~(size_t)4095;
 
     int l2 = 0;
-    (void)cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, s->dev->ordinal);
+    (void)cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, ordinal);
     size_t sets = (4 * (size_t)(l2 > 0 ? l2 : 0) + 2 * bytes - 1) / (2 * bytes);
     sets = sets < 1 ? 1 : sets > MAX_SETS ? MAX_SETS : sets;
     const int inner = bytes < ((size_t)1 << 20) ? 100 : 10;
@@ -200,7 +203,7 @@ lmk_status lmk_bench_cuda_copy_ceiling(lmk_stream *s, size_t bytes, double *byte
         }
     }
     if (e != cudaSuccess)
-        st = cuda_err(e, "lmk_bench_cuda_copy_ceiling");
+        st = cuda_err(e, "bench_cuda_copy_ceiling");
     else
         *bytes_per_s = 2.0 * (double)bytes / median(samples, REPS);
     if (exec)
@@ -219,19 +222,19 @@ lmk_status lmk_bench_cuda_copy_ceiling(lmk_stream *s, size_t bytes, double *byte
     return st;
 }
 
-lmk_status lmk_bench_cuda_host_cost(lmk_stream *s, lmk_status (*fn)(void *ctx), void *ctx, int calls,
+lmk_status bench_cuda_host_cost(lmk_stream *s, int ordinal, lmk_status (*fn)(void *ctx), void *ctx, int calls,
                                     double *median_s)
 {
-    static const char *const me = "lmk_bench_cuda_host_cost";
+    static const char *const me = "bench_cuda_host_cost";
     cudaStream_t h = 0;
-    lmk_status st = bench_stream(s, me, &h);
+    lmk_status st = bench_stream(s, ordinal, me, &h);
     if (st != LMK_OK)
         return st;
     if (!fn || !median_s || calls < 1)
-        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: fn and median_s must be set and calls >= 1", me);
+        return tst_fail(LMK_ERR_INVALID_ARGUMENT, "%s: fn and median_s must be set and calls >= 1", me);
     double *samples = malloc((size_t)calls * sizeof *samples);
     if (!samples)
-        return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "%s: out of host memory", me);
+        return tst_fail(LMK_ERR_OUT_OF_MEMORY, "%s: out of host memory", me);
     cudaError_t e = cudaSuccess;
     for (int i = 0; i < calls && st == LMK_OK && e == cudaSuccess; i++) {
         if (i % 64 == 0 && (e = cudaStreamSynchronize(h)) != cudaSuccess)
@@ -243,7 +246,7 @@ lmk_status lmk_bench_cuda_host_cost(lmk_stream *s, lmk_status (*fn)(void *ctx), 
     if (st == LMK_OK && e == cudaSuccess)
         e = cudaStreamSynchronize(h);
     if (st == LMK_OK && e != cudaSuccess)
-        st = cuda_err(e, "lmk_bench_cuda_host_cost: cudaStreamSynchronize");
+        st = cuda_err(e, "bench_cuda_host_cost: cudaStreamSynchronize");
     if (st == LMK_OK)
         *median_s = median(samples, calls);
     free(samples);

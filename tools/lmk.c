@@ -1,19 +1,17 @@
 /*
- * lmk.c - the `lmk` command-line tool: main, `lmk info`, and the helpers check.c and bench.c share.
+ * lmk.c - the `lmk` command-line tool: main, the command table, the usage texts and `lmk info`.
  *
  *     lmk info | check [--quick] ... | bench [--json] ... | help [command] | --help | --version
  *
  * The tool is the project's smoke test and its benchmark: `make run` is `lmk check --quick` then
  * `lmk bench`. Library failures are printed with lmk_status_name and lmk_last_error and end the
- * run with a non-zero exit status; usage errors exit with 2.
+ * run with a non-zero exit status; usage errors exit with 2. The ops it runs come from the test
+ * kit's registry (testkit.h), so the texts below list them from there.
  */
 #include "tool.h"
 
-#include <errno.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 static const char usage_main[] =
     "usage: lmk <command> [options]\n"
@@ -21,172 +19,75 @@ static const char usage_main[] =
     "commands:\n"
     "  info             version, build, backends and devices\n"
     "  check            every op on every backend against the float64 reference\n"
-    "  bench            times the ops at Qwen3.5-27B shapes against a measured copy ceiling\n"
+    "  bench            times the ops at real model shapes against a measured copy ceiling\n"
     "  help [command]   this text, or one command's options\n"
     "\n"
     "  lmk --version    prints the library version\n";
 
+/* %s: the ops, "repeat|rope|...". */
 static const char usage_check[] =
-    "usage: lmk check [--quick] [--backend cpu|cuda|all] [--op repeat|rope|all] [--seed N]\n"
+    "usage: lmk check [--quick] [--backend cpu|cuda|all] [--op %s|all] [--seed N] [-v] [--json]\n"
     "\n"
-    "Runs every op on every selected backend on fresh random data and compares each result with\n"
-    "the float64 reference: f32 within 1e-5, bf16/f16 within 1 ulp + 1e-6, copies bit-exact.\n"
-    "One line per case; the exit status is 1 if any case fails.\n"
+    "Runs every case of every op (real model shapes, edge shapes) on every selected backend on fresh\n"
+    "random data and compares each result with the float64 reference: f32 within 1e-5, bf16/f16\n"
+    "within 1 ulp + 1e-6, copies bit-exact, no byte written outside the outputs. Prints failures in\n"
+    "full and a summary per op; the exit status is 1 if any case fails.\n"
     "\n"
-    "  --quick                 small shapes only: a few seconds on a CPU\n"
+    "  --quick                 leave out the prompt-length cases: a few seconds on a CPU\n"
     "  --backend cpu|cuda|all  default all: every backend this machine has (CUDA skipped without a GPU)\n"
-    "  --op repeat|rope|all    default all\n"
-    "  --seed N                seed of the random data (default: a fresh one, printed for reruns)\n";
+    "  --op %s|all   default all\n"
+    "  --seed N                seed of the random data (default: a fresh one, printed for reruns)\n"
+    "  -v, --verbose           one line per case and backend\n"
+    "  --json                  a JSON object on stdout (seed, counts, every case) instead of the text\n";
 
 static const char usage_bench[] =
-    "usage: lmk bench [--backend cpu|cuda] [--op repeat|rope|all] [--dtype f32|bf16|all]\n"
+    "usage: lmk bench [--backend cpu|cuda] [--op %s|all] [--dtype f32|bf16|all]\n"
     "                 [--T LIST] [--threads N] [--iters N] [--json]\n"
     "\n"
-    "Times each op at Qwen3.5-27B shapes and reports GB/s of the bytes it must move against a copy\n"
+    "Times each op at real model shapes and reports GB/s of the bytes it must move against a copy\n"
     "ceiling measured in the same run. docs/bench.md explains the columns.\n"
     "\n"
     "  --backend cpu|cuda    default: CUDA when a GPU is usable, else the CPU\n"
-    "  --op repeat|rope|all  default all\n"
+    "  --op %s|all   default all\n"
     "  --dtype f32|bf16|all  default all\n"
     "  --T LIST              comma-separated token counts (default 1,4106,16384)\n"
     "  --threads N           CPU worker threads (default: LMK_NUM_THREADS, else every core)\n"
     "  --iters N             timed iterations per case (default: adaptive, at least 5)\n"
     "  --json                a JSON array on stdout instead of the table\n";
 
-void tool_print_usage(FILE *f, const char *cmd)
+static const char usage_info[] =
+    "usage: lmk info\n\nPrints the version, the build, the backends compiled in and the devices.\n";
+
+/* The command table: name, what runs it, its usage (a format taking the op list twice, or none). */
+static const struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *usage;
+} k_commands[] = {
+    {"info", tool_info, usage_info},
+    {"check", tool_check, usage_check},
+    {"bench", tool_bench, usage_bench},
+};
+#define N_COMMANDS (int)(sizeof k_commands / sizeof k_commands[0])
+
+static const struct command *find_command(const char *name)
 {
-    if (cmd && !strcmp(cmd, "check"))
-        fputs(usage_check, f);
-    else if (cmd && !strcmp(cmd, "bench"))
-        fputs(usage_bench, f);
-    else if (cmd && !strcmp(cmd, "info"))
-        fputs("usage: lmk info\n\nPrints the version, the build, the backends compiled in and the devices.\n", f);
-    else
+    for (int i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(name, k_commands[i].name))
+            return &k_commands[i];
+    return NULL;
+}
+
+static void print_usage(FILE *f, const struct command *c)
+{
+    if (!c) {
         fputs(usage_main, f);
-}
-
-int tool_lib_error(lmk_status st, const char *what)
-{
-    fprintf(stderr, "lmk: %s: %s: %s\n", what, lmk_status_name(st), lmk_last_error());
-    return TOOL_EXIT_FAIL;
-}
-
-int tool_usage_error(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("lmk: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return TOOL_EXIT_USAGE;
-}
-
-int tool_unknown_arg(const char *cmd, const char *arg)
-{
-    if (arg[0] == '-')
-        return tool_usage_error("unknown option %s (try lmk %s --help)", arg, cmd);
-    return tool_usage_error("unexpected argument '%s' (try lmk %s --help)", arg, cmd);
-}
-
-int tool_flag(char **argv, int i, const char *name)
-{
-    return !strcmp(argv[i], name);
-}
-
-int tool_opt(int argc, char **argv, int *i, const char *name, const char **val)
-{
-    const char *a = argv[*i];
-    const size_t n = strlen(name);
-    if (strncmp(a, name, n) != 0)
-        return 0;
-    if (a[n] == '=') {
-        *val = a + n + 1;
-        return 1;
-    }
-    if (a[n] != '\0')
-        return 0;
-    if (*i + 1 >= argc) {
-        tool_usage_error("option %s needs a value", name);
-        return -1;
-    }
-    *val = argv[++*i];
-    return 1;
-}
-
-int tool_parse_u64(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
-{
-    /* Digits only: strtoull alone would skip leading blanks and accept a sign, so " -1" would
-     * wrap to 2^64 - 1. */
-    int digits = *s != '\0';
-    for (const char *c = s; *c && digits; c++)
-        digits = *c >= '0' && *c <= '9';
-    char *end = NULL;
-    errno = 0;
-    const unsigned long long v = digits ? strtoull(s, &end, 10) : 0;
-    if (!digits || *end || errno || v < lo || v > hi) {
-        tool_usage_error("bad value for %s: '%s' (expected an integer in [%llu, %llu])", opt, s,
-                         (unsigned long long)lo, (unsigned long long)hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-int tool_parse_choice(const char *opt, const char *s, const char *const *names, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (!strcmp(s, names[i]))
-            return i;
-    char allowed[128] = "";
-    for (int i = 0; i < n; i++)
-        snprintf(allowed + strlen(allowed), sizeof allowed - strlen(allowed), "%s%s", i ? ", " : "", names[i]);
-    tool_usage_error("bad value for %s: '%s' (expected %s)", opt, s, allowed);
-    return -1;
-}
-
-uint64_t tool_rng_next(tool_rng *r)
-{
-    uint64_t z = (r->state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-double tool_rng_uniform(tool_rng *r, double lo, double hi)
-{
-    return lo + (hi - lo) * (double)(tool_rng_next(r) >> 11) * 0x1.0p-53;
-}
-
-void tool_fill_random(tool_rng *r, lmk_dtype t, void *dst, size_t n)
-{
-    unsigned char *d = dst;
-    if (t != LMK_F32 && t != LMK_BF16 && t != LMK_F16) {
-        const size_t bytes = n * lmk_dtype_size(t);
-        for (size_t i = 0; i < bytes; i += 8) {
-            const uint64_t v = tool_rng_next(r);
-            memcpy(d + i, &v, bytes - i < 8 ? bytes - i : 8);
-        }
         return;
     }
-    for (size_t i = 0; i < n; i++) {
-        float f = (float)tool_rng_uniform(r, -2.0, 2.0);
-        if (f == 0.0f) /* zeros would hide a kernel that never writes (buffers start zeroed) */
-            f = 0.5f;
-        if (t == LMK_F32) {
-            memcpy(d + 4 * i, &f, 4);
-        } else {
-            const uint16_t h = t == LMK_BF16 ? lmk_f32_to_bf16(f) : lmk_f32_to_f16(f);
-            memcpy(d + 2 * i, &h, 2);
-        }
-    }
-}
-
-double tool_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    char ops[160] = "";
+    for (int i = 0; i < tst_op_count; i++)
+        snprintf(ops + strlen(ops), sizeof ops - strlen(ops), "%s%s", i ? "|" : "", tst_ops[i]->name);
+    fprintf(f, c->usage, ops, ops);
 }
 
 /* One "device" line per device; CUDA says why there is none rather than staying silent. */
@@ -201,6 +102,10 @@ int tool_info(int argc, char **argv)
 #else
     printf("backends  cpu\n");
 #endif
+    printf("ops      ");
+    for (int i = 0; i < tst_op_count; i++)
+        printf(" %s", tst_ops[i]->name);
+    printf("\n");
     int rc = 0;
     lmk_device *dev = NULL;
     lmk_status st = lmk_device_open(LMK_BACKEND_CPU, 0, &dev);
@@ -234,34 +139,31 @@ int tool_info(int argc, char **argv)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        tool_print_usage(stderr, NULL);
+        print_usage(stderr, NULL);
         return TOOL_EXIT_USAGE;
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         if (argc > 3)
             return tool_usage_error("%s takes at most one command, not also '%s' (try lmk help)", cmd, argv[3]);
-        if (argc == 3 && strcmp(argv[2], "info") && strcmp(argv[2], "check") && strcmp(argv[2], "bench"))
+        if (argc == 3 && !find_command(argv[2]))
             return tool_usage_error("%s: unknown command '%s' (try lmk help)", cmd, argv[2]);
-        tool_print_usage(stdout, argc == 3 ? argv[2] : NULL);
+        print_usage(stdout, argc == 3 ? find_command(argv[2]) : NULL);
         return 0;
     }
     if (!strcmp(cmd, "--version")) {
         printf("lmk %s\n", lmk_version());
         return 0;
     }
+    const struct command *c = find_command(cmd);
     /* "lmk check --help" prints that command's options. */
     for (int i = 2; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            tool_print_usage(stdout, cmd);
+            print_usage(stdout, c);
             return 0;
         }
-    if (!strcmp(cmd, "info"))
-        return tool_info(argc, argv);
-    if (!strcmp(cmd, "check"))
-        return tool_check(argc, argv);
-    if (!strcmp(cmd, "bench"))
-        return tool_bench(argc, argv);
+    if (c)
+        return c->run(argc, argv);
     if (cmd[0] == '-')
         return tool_usage_error("unknown option %s (try lmk --help)", cmd);
     return tool_usage_error("unknown command '%s' (try lmk --help)", cmd);

@@ -115,3 +115,10 @@ lmk_status lmk_device_set_threads(lmk_device *dev, int n_threads)
         lmk_cpu_name_device(dev);
     return LMK_OK;
 }
+
+int lmk_device_threads(const lmk_device *dev)
+{
+    if (!dev || dev->backend != LMK_BACKEND_CPU)
+        return 0;
+    return __atomic_load_n(&dev->n_threads, __ATOMIC_RELAXED);
+}
