@@ -17,6 +17,10 @@ JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 PREFIX ?= /usr/local
 
+# cmake --build runs make again below this one: without this every line of the build would come
+# between "Entering directory" and "Leaving directory" lines.
+MAKEFLAGS += --no-print-directory
+
 .PHONY: all configure run test install clean
 .DEFAULT_GOAL := all
 
