@@ -296,7 +296,8 @@ static void add_nan_payloads(ap_case *c, int w, const bool *rot, uint64_t *s)
                     const uint32_t v = 0x7f800000u | (uint32_t)(bits & 0x807ffffcu) | 1u;
                     memcpy(img + 4 * e, &v, 4);
                 } else {
-                    const unsigned exp = o->dt == LMK_BF16 ? 0x7f80u : 0x7c00u, man = o->dt == LMK_BF16 ? 0x7fu : 0x3ffu;
+                    const unsigned exp = o->dt == LMK_BF16 ? 0x7f80u : 0x7c00u;
+                    const unsigned man = o->dt == LMK_BF16 ? 0x7fu : 0x3ffu;
                     const uint16_t v = (uint16_t)(exp | ((bits >> 16) & 0x8000u) | ((bits & man & ~2u) | 1u));
                     memcpy(img + 2 * e, &v, 2);
                 }
@@ -662,7 +663,9 @@ static bool run_device(const ap_case *c, const tst_dev *d, const lmk_attn_prolog
     const bool same = st == LMK_OK && hash_regions(c, got) == h1;
     const bool good = same && verify(c, a, got, msg, sizeof msg);
     return CHECK(good, "%s [%s] seed 0x%016" PRIx64 ": %s", c->name, d->name, seed,
-                 st != LMK_OK ? msg : !same ? "two runs (the second rounding upward, with FTZ/DAZ) are not bit-identical" : msg);
+                 st != LMK_OK ? msg
+                 : !same      ? "two runs (the second rounding upward, with FTZ/DAZ) are not bit-identical"
+                              : msg);
 }
 
 /* Runs c on every device, and, with ref_writer, checks the reference's own writer
@@ -900,19 +903,21 @@ static void case_name(ap_case *c, const spec *s)
                  (double)s->attn_factor, s->n_ctx_orig);
     char norm[48] = "no_norm";
     if (m->norm)
-        snprintf(norm, sizeof norm, "norm=%s%s+%g", s->q_norm_only ? "q:" : s->k_norm_only ? "k:" : "", lmk_dtype_name(s->w_dt),
-                 (double)m->w_off);
+        snprintf(norm, sizeof norm, "norm=%s%s+%g", s->q_norm_only ? "q:" : s->k_norm_only ? "k:" : "",
+                 lmk_dtype_name(s->w_dt), (double)m->w_off);
     char cache[96] = "";
     if (s->outputs != O_KOUT)
         snprintf(cache, sizeof cache, " cache=%s %s%s%s slots=%s%s", s->f8 ? "f8e4m3" : lmk_dtype_name(s->dt),
-                 k_cache_names[s->cache], s->no_v ? " no_v" : s->no_k_cache ? " no_k" : "", s->dv && s->dv != m->d ? " dv!=d" : "",
+                 k_cache_names[s->cache], s->no_v ? " no_v" : s->no_k_cache ? " no_k" : "",
+                 s->dv && s->dv != m->d ? " dv!=d" : "",
                  lmk_dtype_name(s->slot_dt), s->padding ? "+pad" : "");
     snprintf(c->name, sizeof c->name,
              "attn_prologue %s hd=%u rd=%u nh=%u nk=%u T=%u %s base=%g%s%s %s %s out=%s%s%s%s pos=%s%s // %s%s%s",
              mode_name(m->mode), m->d, m->r, m->hq, m->hk, s->T, lmk_dtype_name(s->dt), (double)m->base,
              m->llama3 ? " ff=llama3" : "", extra, norm, k_layout_names[m->layout], k_out_names[s->outputs],
              s->in_place || m->layout == L_QKV ? " in_place" : "", cache, s->nan_payloads ? " nan_payloads" : "",
-             lmk_dtype_name(s->pos_dt), s->text_pos ? "(text)" : "", m->name, s->note ? " " : "", s->note ? s->note : "");
+             lmk_dtype_name(s->pos_dt), s->text_pos ? "(text)" : "", m->name, s->note ? " " : "",
+             s->note ? s->note : "");
 }
 
 /* A whole case from its spec and seed. */
