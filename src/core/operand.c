@@ -19,8 +19,10 @@
 #include <stdio.h>
 #include <string.h>
 
-/* More heads than this in a footprint are merged into one interval (conservative, never wrong). */
-#define MAX_INTERVALS 512
+/* More heads than this in a footprint are merged into one interval (conservative, never wrong).
+ * The footprints live on the validating thread's stack (2 KB in all): thread-local storage would
+ * be carved out of every thread's stack in a process that links lmk. */
+#define MAX_INTERVALS 64
 
 static void format_dims(char *buf, size_t n, const size_t *v, int k)
 {
@@ -168,7 +170,7 @@ bool lmk_tensor3_overlap(const lmk_tensor3 *a, const lmk_tensor3 *b)
     const size_t period = ta ? ta : tb;
     if (!period || (ta && tb && ta != tb))
         return true;
-    static _Thread_local ivl fa[MAX_INTERVALS], fb[MAX_INTERVALS];
+    ivl fa[MAX_INTERVALS], fb[MAX_INTERVALS];
     const int na = footprint(a, fa), nb = footprint(b, fb);
     if (fa[na - 1].hi > period || fb[nb - 1].hi > period)
         return true;
