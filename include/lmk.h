@@ -539,13 +539,13 @@ LMK_API lmk_status lmk_repeat_heads(lmk_stream *s, const lmk_buffer *src, lmk_bu
  * f8: one f8 ulp) where the normed values stay within rope's domain (|x| <= 2 times the weight
  * factor |w + weight_offset|, which f32 represents without overflow).
  * Slots name distinct rows: two tokens of one call writing the same cache row leave that row holding
- * one of them, unspecified which (every other output stays deterministic). v_in has q_in's dtype. Hugging Face rounds the normed value to bf16 before its rope, so its bf16 output
- * may differ from lmk's by a few ulps.
+ * one of them, unspecified which (every other output stays deterministic). v_in has q_in's dtype.
+ * Hugging Face rounds the normed value to bf16 before its rope, so its bf16 output may differ from
+ * lmk's by a few ulps.
  *
  * Errors (INVALID_ARGUMENT, in this order): NULL stream, io, params, q_in, k_in, positions or
  * q_out; lmk_rope's rules R2-R12 for q and k (k_out optional; v_in of another dtype than q_in);
- * eps not finite or <= 0;
- * weight_offset not finite; neither k_out nor k_cache; a cache without slots; v_in without v_cache
+ * eps not finite or <= 0; weight_offset not finite; neither k_out nor k_cache; a cache without slots; v_in without v_cache
  * or v_cache without v_in; a weight not dense f32/bf16/f16 of exactly head_dim; slots not dense
  * i32/i64 of exactly T; k_scale or v_scale not finite or negative; a cache dtype other than the
  * input dtype or f8e4m3; a cache or v_in of the wrong shape; a buffer on another device; overlaps
