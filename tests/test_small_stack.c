@@ -7,15 +7,15 @@
  * 32-64 KiB; the 0.1 rope kept a 25 KB table on that stack and crashed on a 32 KiB one.
  *
  * Each op call below (rope q+k in f32 and bf16 on a Qwen3.5 shape and a rope_dim 256 shape,
- * repeat_tiled, and a rejected rope call, whose message is formatted on the same stack) runs on
- * 1-thread and 2-thread streams, twice:
+ * repeat_tiled, attn_prologue on two cases of its table, and a rejected rope call, whose message
+ * is formatted on the same stack) runs on 1-thread and 2-thread streams, twice:
  *  1. on a fresh thread whose 256 KiB stack is painted with a byte pattern: the deepest byte
  *     changed below the calling frame is the call's stack use, which must be <= the bound;
  *  2. on a thread created with a 32 KiB stack (pthread_attr_setstacksize): an overflow hits the
  *     guard page, the SIGSEGV handler (on an alternate signal stack) jumps back and the test
  *     reports the failure and stops, since the stream is then in an unknown state.
- * After each run the outputs (poisoned before) are checked against the float64 reference (rope)
- * or the tiled copy (repeat).
+ * After each run the outputs (poisoned before) are checked against the float64 reference (rope;
+ * attn_prologue through its case descriptor) or the tiled copy (repeat).
  */
 #include "common.h"
 
@@ -56,6 +56,8 @@ typedef struct op_job {
     lmk_buffer *b_in[2], *b_out[2], *b_pos;
     /* repeat */
     lmk_repeat_tiled_params rp;
+    /* attn_prologue: a case of its descriptor, made on the device */
+    tst_inst *inst;
 } op_job;
 
 /* ---- running a call on a given stack ---- */
@@ -143,6 +145,19 @@ static lmk_status call_rope(op_job *j)
 static lmk_status call_repeat(op_job *j)
 {
     return lmk_repeat_tiled(j->s, j->b_in[0], j->b_out[0], &j->rp);
+}
+
+static lmk_status call_inst(op_job *j)
+{
+    return tst_inst_run(j->inst, j->s);
+}
+
+static bool check_inst(op_job *j, char *msg, size_t n)
+{
+    tst_result res = {0};
+    const bool ok = lmk_stream_sync(j->s) == LMK_OK && tst_inst_verify(j->inst, &res);
+    snprintf(msg, n, "%s", res.msg);
+    return ok;
 }
 
 static bool check_rope(op_job *j, char *msg, size_t n)
@@ -239,8 +254,26 @@ static bool make_repeat(op_job *j, lmk_device *dev, tst_rng *rng, lmk_dtype dt)
     return true;
 }
 
+/* The attn_prologue case of the table named `model` at T tokens. */
+static bool make_inst(op_job *j, lmk_device *dev, const char *model, uint32_t T)
+{
+    const tst_op *op = tst_op_find("attn_prologue");
+    for (int i = 0; op && i < op->n_cases(); i++) {
+        const tst_case c = tst_op_case(op, i);
+        if (c.T != T || !strstr(c.name, model))
+            continue;
+        j->call = call_inst, j->check = check_inst, j->want = LMK_OK;
+        snprintf(j->name, sizeof j->name, "attn_prologue T=%u %s // %s", T, lmk_dtype_name(c.dtype), model);
+        return TST_REQUIRE(tst_inst_make(&c, dev, 1, 0, NULL, &j->inst) == LMK_OK, "%s: %s", j->name,
+                           lmk_last_error());
+    }
+    return TST_REQUIRE(0, "attn_prologue: no case %s at T=%u in the table", model, T);
+}
+
 static void free_job(op_job *j)
 {
+    if (j->inst)
+        tst_inst_free(j->inst);
     for (int i = 0; i < 2; i++) {
         lmk_buffer_free(j->b_in[i]);
         lmk_buffer_free(j->b_out[i]);
@@ -255,6 +288,8 @@ static void free_job(op_job *j)
 
 static void poison_outputs(op_job *j)
 {
+    if (j->inst) /* fresh inputs, outputs poisoned */
+        (void)TST_REQUIRE(tst_inst_reset(j->inst, 1) == LMK_OK, "%s: reset: %s", j->name, lmk_last_error());
     for (int i = 0; i < 2; i++)
         if (j->out[i])
             tst_poison(j->out[i], j->bytes[i], TST_POISON);
@@ -306,7 +341,8 @@ static bool run_job(op_job *j, int n_threads, void *alt)
     return true;
 }
 
-/* The jobs of one stream: rope on both shapes and dtypes, repeat, a rejected rope call. */
+/* The jobs of one stream: rope on both shapes and dtypes, repeat, attn_prologue, a rejected rope
+ * call. */
 static int make_jobs(op_job *jobs, lmk_device *dev, tst_rng *rng)
 {
     static const tst_attn_shape shapes[2] = {
@@ -320,6 +356,8 @@ static int make_jobs(op_job *jobs, lmk_device *dev, tst_rng *rng)
             if (!make_rope(&jobs[n++], dev, rng, &shapes[s], dts[d]))
                 return n;
     if (!make_repeat(&jobs[n++], dev, rng, LMK_F32))
+        return n;
+    if (!make_inst(&jobs[n++], dev, "Qwen3-8B", 37) || !make_inst(&jobs[n++], dev, "Qwen3.5/3.6-27B, f8 cache", 37))
         return n;
     op_job *bad = &jobs[n++]; /* as the first rope job, with freq_base NaN (rule R5) */
     if (!make_rope(bad, dev, rng, &shapes[0], LMK_F32))
@@ -345,7 +383,7 @@ int main(void)
         if (!TST_REQUIRE(lmk_device_set_threads(dev, nt) == LMK_OK && lmk_stream_create(dev, &s) == LMK_OK,
                          "stream with %d threads: %s", nt, lmk_last_error()))
             break;
-        op_job jobs[8];
+        op_job jobs[10];
         memset(jobs, 0, sizeof jobs);
         const int n = make_jobs(jobs, dev, &rng);
         for (int i = 0; i < n && alive; i++) {

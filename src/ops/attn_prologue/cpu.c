@@ -2,19 +2,34 @@
  * cpu.c - the CPU path of attn_prologue: RMSNorm, rope and the KV-cache write of each token in one
  * pass over its rows.
  *
- * Threads split the tokens. For a token, every head row of q and then of k is read once for its
- * sum of squares (accumulated in double) and once more, while still in L1, to be normed, rotated
- * and stored to each of its destinations: q_out; k_out and the k cache row of the token's slot
+ * Threads split the tokens. For a token, every head row of q and then of k is normed, rotated and
+ * stored to each of its destinations: q_out; k_out and the k cache row of the token's slot
  * (quantised to f8 from the f32 result when the cache is f8); v is copied (or quantised) to its
- * cache row. All arithmetic after the loads is f32 with no rounding between norm and rope, as
- * lmk.h promises; the angle is formed in double from rope_common.h's rules (the ones lmk_rope's
- * paths use), and its cos/sin computed once per (token, pair) for all heads.
+ * cache row. Arithmetic after the loads is f32 with no rounding between norm and rope, as lmk.h
+ * promises; the angle is formed in double from rope_common.h's rules (the ones lmk_rope's paths
+ * use) and m*cos / m*sin computed once per (token, pair) for all heads, rounded to f32 from double.
  *
- * Rows of up to FAST_DIM elements with rope_dim/2 <= CHUNK (every real model) take the row path at
- * the end of this file; others an element-wise path. Stack use is fixed: per-pair tables for CHUNK
- * pairs (larger rope_dim is processed chunk by chunk), norm factors for CHUNK rows at a time, and
- * on the row path one row and the two widened norm weights (about 9 KB in all, inside lmk.h's
- * 16 KiB bound).
+ * Rows of up to FAST_DIM elements with rope_dim/2 <= CHUNK (every real model) take the row path.
+ * Rows go in groups of ROW_GROUP heads: the group's sums of squares first (so that the norm
+ * factors' divides and square roots do not wait on each other), then each row, still in L1, is
+ * widened, scaled by r * (w + offset) and rotated into an f32 buffer in one pass, and narrowed
+ * from it once per destination. The steps have AVX-512 and AVX2 versions, chosen at device open
+ * like lmk_rope's (lmk_cpu_stream_isa), and scalar ones for the scalar level and LMK_CPU_PORTABLE
+ * builds. Split pairs (NEOX, MROPE, IMROPE, VISION: x[p], x[p + pair_stride]) rotate a vector of
+ * a's against a vector of b's; NORMAL's adjacent pairs rotate one vector of both with cos/sin
+ * duplicated into lane pairs and the pair swapped in-lane. The vector narrowing gives the bits of
+ * lmk_f32_to_bf16 / lmk_f32_to_f16 (NaN included) and of lmk_f8e4m3_from_f32_bits (core/f8.h) on
+ * x / scale. Outputs of a large call whose rows are whole, aligned cache lines are written with
+ * streaming stores. Rows larger than FAST_DIM or with more pairs than CHUNK take an element-wise
+ * path. docs/cpu_notes.md ("attn_prologue") has the measurements.
+ *
+ * Angles use libm's double cos/sin: lmk_rope's vector sin/cos is private to src/ops/rope/cpu.c
+ * (docs/cpu_notes.md says what sharing it would save).
+ *
+ * Stack use is fixed: per-pair tables for CHUNK pairs (larger rope_dim is processed chunk by
+ * chunk), norm factors for CHUNK rows at a time, and on the row path one row and one widened norm
+ * weight (refilled per token for q and for k): 8.7 KB in all measured at -O2, 13.7 KB at -O0,
+ * inside lmk.h's 16 KiB bound (tests/test_small_stack.c).
  */
 #include "cpu/cpu.h"
 #include "ops/attn_prologue/attn_prologue.h"
@@ -23,12 +38,14 @@
 #include <math.h>
 
 #define CHUNK 128
+#define FAST_DIM 512
 
 /* Where one head row goes: up to two destinations (q: q_out; k: k_out and its cache row). */
 typedef struct row_dest {
     unsigned char *p;  /* element 0 of the row */
     lmk_dtype dt;
     float scale;       /* f8 caches: stored = lmk_f32_to_f8e4m3(x / scale), lmk.h's formula */
+    int nt;            /* streaming stores (the row is whole cache lines, 64-byte aligned) */
 } row_dest;
 
 typedef struct ap_row {
@@ -40,30 +57,141 @@ typedef struct ap_row {
     row_dest dest[2];
 } ap_row;
 
-/* Per-thread tables of one chunk of pairs. */
+/* Per-thread tables of one chunk of pairs: c = m*cos, s = m*sin. */
 typedef struct ap_table {
+    _Alignas(64) float c[CHUNK];
+    _Alignas(64) float s[CHUNK];
     double freq[CHUNK];
     unsigned char axis[CHUNK];
-    float c[CHUNK], s[CHUNK];
 } ap_table;
+
+/* A launch: the arguments, the ISA level, and which destination tensors may stream. */
+typedef struct ap_job {
+    const lmk_attn_prologue_args *a;
+    lmk_cpu_isa isa;
+    size_t es, k_ces;             /* bytes per element of q/k/v and of the k cache */
+    int nt_q, nt_k, nt_kc, nt_vc; /* q_out, k_out, k cache, v cache */
+} ap_job;
 
 LMK_INLINE float ld(lmk_dtype dt, const void *p, size_t i)
 {
     if (dt == LMK_F32)
         return ((const float *)p)[i];
     const uint16_t h = ((const uint16_t *)p)[i];
-    return dt == LMK_BF16 ? lmk_bf16_to_f32(h) : lmk_f16_to_f32(h);
+    if (dt == LMK_BF16) { /* lmk_bf16_to_f32, inline */
+        const uint32_t u = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    return lmk_f16_to_f32(h);
+}
+
+/* lmk_f32_to_bf16, inline: nearest even, NaN kept quiet with its sign. */
+LMK_INLINE uint16_t to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x0040u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 LMK_INLINE void st(const row_dest *d, size_t i, float v)
 {
     switch (d->dt) {
     case LMK_F32: ((float *)(void *)d->p)[i] = v; break;
-    case LMK_BF16: ((uint16_t *)(void *)d->p)[i] = lmk_f32_to_bf16(v); break;
+    case LMK_BF16: ((uint16_t *)(void *)d->p)[i] = to_bf16(v); break;
     case LMK_F16: ((uint16_t *)(void *)d->p)[i] = lmk_f32_to_f16(v); break;
     default: d->p[i] = lmk_f32_to_f8e4m3(v / d->scale); break;
     }
 }
+
+/* ---- per-pair tables ---- */
+
+/* freq and axis of pairs [p0, p0 + n). */
+static void fill_freqs(const lmk_rope_angle *g, ap_table *tb, uint32_t p0, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t j;
+        const uint32_t p = p0 + i;
+        tb->axis[i] = (unsigned char)lmk_rope_axis_j((int)g->mode, g->sections, p, &j);
+        const double ff = g->freq_factors ? (double)g->freq_factors[p] : 1.0;
+        tb->freq[i] = lmk_rope_freq(g->freq_base, g->exp_n, g->freq_scale, g->ext_factor, g->ramp_low, g->ramp_high,
+                                    p, j, ff);
+    }
+}
+
+/* m*cos and m*sin of each pair for one token, the product in double. */
+static void fill_angles(const lmk_rope_angle *g, ap_table *tb, uint32_t n, size_t token)
+{
+    const double m = g->mscale;
+    for (uint32_t i = 0; i < n; i++) {
+        const double pos = lmk_rope_pos(g->positions, (int)g->pos_dtype, (uint64_t)tb->axis[i] * g->pos_axis_stride + token);
+        const double theta = pos * tb->freq[i];
+        double c = cos(theta), s = sin(theta);
+        if (m != 1.0)
+            c *= m, s *= m;
+        tb->c[i] = (float)c;
+        tb->s[i] = (float)s;
+    }
+}
+
+/* ---- rows and destinations ---- */
+
+static long long slot_of(const lmk_attn_prologue_args *a, size_t token)
+{
+    if (!a->slots)
+        return -1;
+    return a->slot_dtype == LMK_I64 ? (long long)((const int64_t *)a->slots)[token]
+                                    : (long long)((const int32_t *)a->slots)[token];
+}
+
+/* Streaming stores for a destination row: its tensor qualifies (ap_job) and the row starts on a
+ * cache line. */
+LMK_INLINE int nt_at(int tensor_nt, const void *p)
+{
+    return tensor_nt && ((uintptr_t)p & 63) == 0;
+}
+
+/* Row h of the token's q rows (h < hq) then k rows: input, norm weight and destinations. */
+static inline ap_row make_row(const ap_job *jb, size_t token, size_t h, long long slot)
+{
+    const lmk_attn_prologue_args *a = jb->a;
+    const size_t es = lmk_dtype_size(a->rope.dtype), hq = a->rope.t[0].n_heads;
+    const int k = h >= hq;
+    const lmk_rope_tensor *t = &a->rope.t[k];
+    const size_t head = k ? h - hq : h;
+    ap_row r = {.in = (const unsigned char *)t->in + (token * t->in_tok + head * t->in_head) * es,
+                .w = k ? a->k_norm_w : a->q_norm_w, .w_dt = k ? a->k_norm_dtype : a->q_norm_dtype, .r = 1.0f};
+    if (t->out) {
+        unsigned char *p = (unsigned char *)t->out + (token * t->out_tok + head * t->out_head) * es;
+        r.dest[r.n_dest++] = (row_dest){p, a->rope.dtype, 1.0f, nt_at(k ? jb->nt_k : jb->nt_q, p)};
+    }
+    if (k && a->k_cache.data && slot >= 0 && (unsigned long long)slot < a->k_slots) {
+        const size_t ces = lmk_dtype_size(a->k_cache.dtype);
+        unsigned char *p = (unsigned char *)a->k_cache.data + ((size_t)slot * a->k_cache.tok + head * a->k_cache.head) * ces;
+        r.dest[r.n_dest++] = (row_dest){p, a->k_cache.dtype, a->k_scale, nt_at(jb->nt_kc, p)};
+    }
+    return r;
+}
+
+/* v head h of a token (*src) and its cache row at slot (v_slot_ok). */
+static inline row_dest v_row(const ap_job *jb, size_t token, size_t h, long long slot, const unsigned char **src)
+{
+    const lmk_attn_prologue_args *a = jb->a;
+    const size_t es = lmk_dtype_size(a->rope.dtype), ces = lmk_dtype_size(a->v_cache.dtype);
+    *src = (const unsigned char *)a->v_in.data + (token * a->v_in.tok + h * a->v_in.head) * es;
+    unsigned char *p = (unsigned char *)a->v_cache.data + ((size_t)slot * a->v_cache.tok + h * a->v_cache.head) * ces;
+    return (row_dest){p, a->v_cache.dtype, a->v_scale, nt_at(jb->nt_vc, p)};
+}
+
+static inline int v_slot_ok(const lmk_attn_prologue_args *a, long long slot)
+{
+    return a->v_cache.data && slot >= 0 && (unsigned long long)slot < a->v_slots;
+}
+
+/* ---- the element-wise path: head_dim > FAST_DIM or rope_dim/2 > CHUNK ---- */
 
 /* The element i of a row as the norm leaves it (the raw value without a norm). */
 LMK_INLINE float normed(const lmk_attn_prologue_args *a, const ap_row *r, lmk_dtype dt, size_t i)
@@ -82,39 +210,15 @@ static float norm_factor(const lmk_attn_prologue_args *a, lmk_dtype dt, const un
     return (float)(1.0 / sqrt(ss / (double)a->rope.head_dim + a->eps));
 }
 
-/* freq and axis of pairs [p0, p0 + n). */
-static void fill_freqs(const lmk_rope_angle *g, ap_table *tb, uint32_t p0, uint32_t n)
-{
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t j;
-        const uint32_t p = p0 + i;
-        tb->axis[i] = (unsigned char)lmk_rope_axis_j((int)g->mode, g->sections, p, &j);
-        const double ff = g->freq_factors ? (double)g->freq_factors[p] : 1.0;
-        tb->freq[i] = lmk_rope_freq(g->freq_base, g->exp_n, g->freq_scale, g->ext_factor, g->ramp_low, g->ramp_high,
-                                    p, j, ff);
-    }
-}
-
-static void fill_angles(const lmk_rope_angle *g, ap_table *tb, uint32_t n, size_t token)
-{
-    for (uint32_t i = 0; i < n; i++) {
-        const double pos = lmk_rope_pos(g->positions, (int)g->pos_dtype, (uint64_t)tb->axis[i] * g->pos_axis_stride + token);
-        const double theta = pos * tb->freq[i];
-        tb->c[i] = (float)cos(theta);
-        tb->s[i] = (float)sin(theta);
-    }
-}
-
 /* Rotates pairs [p0, p0 + n) of one row into its destinations. */
 static void rotate(const lmk_attn_prologue_args *a, const ap_row *r, const ap_table *tb, uint32_t p0, uint32_t n)
 {
     const lmk_dtype dt = a->rope.dtype;
-    const float m = (float)a->rope.angle.mscale;
     for (uint32_t i = 0; i < n; i++) {
         const size_t p = p0 + i;
         const size_t ia = a->rope.interleaved ? 2 * p : p, ib = a->rope.interleaved ? ia + 1 : p + a->rope.pair_stride;
         const float xa = normed(a, r, dt, ia), xb = normed(a, r, dt, ib);
-        const float ya = (xa * tb->c[i] - xb * tb->s[i]) * m, yb = (xa * tb->s[i] + xb * tb->c[i]) * m;
+        const float ya = xa * tb->c[i] - xb * tb->s[i], yb = xa * tb->s[i] + xb * tb->c[i];
         for (int d = 0; d < r->n_dest; d++) {
             st(&r->dest[d], ia, ya);
             st(&r->dest[d], ib, yb);
@@ -148,47 +252,18 @@ static void copy_rest(const lmk_attn_prologue_args *a, const ap_row *r, size_t l
     }
 }
 
-static long long slot_of(const lmk_attn_prologue_args *a, size_t token)
+static void store_v_scalar(const ap_job *jb, size_t token, long long slot)
 {
-    if (!a->slots)
-        return -1;
-    return a->slot_dtype == LMK_I64 ? (long long)((const int64_t *)a->slots)[token]
-                                    : (long long)((const int32_t *)a->slots)[token];
-}
-
-/* Row h of the token's q rows (h < hq) then k rows: input, norm weight and destinations. */
-static ap_row make_row(const lmk_attn_prologue_args *a, size_t token, size_t h, long long slot)
-{
-    const size_t es = lmk_dtype_size(a->rope.dtype), hq = a->rope.t[0].n_heads;
-    const int k = h >= hq;
-    const lmk_rope_tensor *t = &a->rope.t[k];
-    const size_t head = k ? h - hq : h;
-    ap_row r = {.in = (const unsigned char *)t->in + (token * t->in_tok + head * t->in_head) * es,
-                .w = k ? a->k_norm_w : a->q_norm_w, .w_dt = k ? a->k_norm_dtype : a->q_norm_dtype, .r = 1.0f};
-    if (t->out)
-        r.dest[r.n_dest++] = (row_dest){(unsigned char *)t->out + (token * t->out_tok + head * t->out_head) * es,
-                                        a->rope.dtype, 1.0f};
-    if (k && a->k_cache.data && slot >= 0 && (unsigned long long)slot < a->k_slots) {
-        const size_t ces = lmk_dtype_size(a->k_cache.dtype);
-        r.dest[r.n_dest++] = (row_dest){(unsigned char *)a->k_cache.data +
-                                            ((size_t)slot * a->k_cache.tok + head * a->k_cache.head) * ces,
-                                        a->k_cache.dtype, a->k_scale};
-    }
-    return r;
-}
-
-static void store_v(const lmk_attn_prologue_args *a, size_t token, long long slot)
-{
-    if (!a->v_cache.data || slot < 0 || (unsigned long long)slot >= a->v_slots)
+    const lmk_attn_prologue_args *a = jb->a;
+    if (!v_slot_ok(a, slot))
         return;
     const lmk_dtype dt = a->rope.dtype;
-    const size_t es = lmk_dtype_size(dt), ces = lmk_dtype_size(a->v_cache.dtype), dv = a->v_dim;
+    const size_t dv = a->v_dim;
     for (size_t h = 0; h < a->rope.t[1].n_heads; h++) {
-        const unsigned char *src = (const unsigned char *)a->v_in.data + (token * a->v_in.tok + h * a->v_in.head) * es;
-        const row_dest d = {(unsigned char *)a->v_cache.data + ((size_t)slot * a->v_cache.tok + h * a->v_cache.head) * ces,
-                            a->v_cache.dtype, a->v_scale};
+        const unsigned char *src;
+        const row_dest d = v_row(jb, token, h, slot, &src);
         if (d.dt == dt) {
-            memcpy(d.p, src, dv * es);
+            memcpy(d.p, src, dv * lmk_dtype_size(dt));
             continue;
         }
         for (size_t i = 0; i < dv; i++)
@@ -197,8 +272,9 @@ static void store_v(const lmk_attn_prologue_args *a, size_t token, long long slo
 }
 
 /* One token: rows in groups of CHUNK (their norm factors), pairs in chunks of CHUNK (their angles). */
-static void do_token(const lmk_attn_prologue_args *a, ap_table *tb, bool freqs_cached, size_t token)
+static void do_token(const ap_job *jb, ap_table *tb, bool freqs_cached, size_t token)
 {
+    const lmk_attn_prologue_args *a = jb->a;
     const uint32_t n_pairs = a->rope.angle.n_pairs;
     const size_t rows = (size_t)a->rope.t[0].n_heads + a->rope.t[1].n_heads;
     const long long slot = slot_of(a, token);
@@ -206,7 +282,7 @@ static void do_token(const lmk_attn_prologue_args *a, ap_table *tb, bool freqs_c
     for (size_t g0 = 0; g0 < rows; g0 += CHUNK) {
         const size_t g1 = rows - g0 < CHUNK ? rows : g0 + CHUNK;
         for (size_t h = g0; h < g1; h++) {
-            const ap_row r = make_row(a, token, h, slot);
+            const ap_row r = make_row(jb, token, h, slot);
             rf[h - g0] = r.w ? norm_factor(a, a->rope.dtype, r.in) : 1.0f;
         }
         for (uint32_t p0 = 0; p0 < n_pairs; p0 += CHUNK) {
@@ -215,13 +291,13 @@ static void do_token(const lmk_attn_prologue_args *a, ap_table *tb, bool freqs_c
                 fill_freqs(&a->rope.angle, tb, p0, n);
             fill_angles(&a->rope.angle, tb, n, token);
             for (size_t h = g0; h < g1; h++) {
-                ap_row r = make_row(a, token, h, slot);
+                ap_row r = make_row(jb, token, h, slot);
                 r.r = rf[h - g0];
                 rotate(a, &r, tb, p0, n);
             }
         }
         for (size_t h = g0; h < g1; h++) {
-            ap_row r = make_row(a, token, h, slot);
+            ap_row r = make_row(jb, token, h, slot);
             r.r = rf[h - g0];
             if (a->rope.interleaved) {
                 copy_rest(a, &r, a->rope.rope_dim, a->rope.head_dim);
@@ -231,51 +307,77 @@ static void do_token(const lmk_attn_prologue_args *a, ap_table *tb, bool freqs_c
             }
         }
     }
-    store_v(a, token, slot);
+    store_v_scalar(jb, token, slot);
 }
 
-/* ---- the row path: rows of up to FAST_DIM elements with one chunk of pairs (every real model) ----
+/* ---- the row path: steps ----
  *
- * A row is widened into a float buffer once, normed and rotated there with plain loops the
- * compiler vectorises, and narrowed once per destination with inline conversions; the norm
- * weights are widened (plus the offset) once per thread. The element-wise path above remains for
- * head_dim > FAST_DIM or rope_dim/2 > CHUNK. */
+ * Each ISA level provides the same four steps: the sum of squares of an input row (in double);
+ * build, which widens the row into an f32 buffer x scaled by r * (w + offset) and rotated, in one
+ * pass over the pairs and then the elements outside them; narrow, which stores a range of x to a
+ * destination; and widen (v to an f8 cache). Without a norm r is 1 and the weights are 1, so x * r
+ * * w is x exactly. The per-element formulas are the same at every level; only the summation order
+ * of the sum of squares and the FMA contraction of the rotation differ, within lmk.h's contract. */
 
-#define FAST_DIM 512
 
-typedef struct ap_weights {
-    float q[FAST_DIM], k[FAST_DIM]; /* w + weight_offset */
-} ap_weights;
-
-static void widen_row(lmk_dtype dt, const unsigned char *in, float *x, size_t n)
+static double sumsq_scalar(lmk_dtype dt, const unsigned char *in, size_t i0, size_t n)
 {
-    if (dt == LMK_F32) {
-        memcpy(x, in, n * 4);
-    } else if (dt == LMK_BF16) {
-        const uint16_t *h = (const uint16_t *)(const void *)in;
-        for (size_t i = 0; i < n; i++) {
-            const uint32_t u = (uint32_t)h[i] << 16;
-            memcpy(&x[i], &u, 4);
-        }
-    } else {
-        const uint16_t *h = (const uint16_t *)(const void *)in;
-        for (size_t i = 0; i < n; i++)
-            x[i] = lmk_f16_to_f32(h[i]);
+    double ss = 0;
+    for (size_t i = i0; i < n; i++) {
+        const double v = ld(dt, in, i);
+        ss += v * v;
+    }
+    return ss;
+}
+
+static void widen_scalar(lmk_dtype dt, const unsigned char *in, float *x, size_t i0, size_t n)
+{
+    for (size_t i = i0; i < n; i++)
+        x[i] = ld(dt, in, i);
+}
+
+/* Pairs [p0, n): a at x[p], b at x[p + stride] (split) or x[2p], x[2p+1] (il). */
+static void pairs_scalar(lmk_dtype dt, const unsigned char *in, float *x, const float *w, float r, const ap_table *tb,
+                         size_t p0, size_t n, size_t stride, int il)
+{
+    for (size_t p = p0; p < n; p++) {
+        const size_t ia = il ? 2 * p : p, ib = il ? ia + 1 : p + stride;
+        const float xa = ld(dt, in, ia) * r * w[ia], xb = ld(dt, in, ib) * r * w[ib];
+        x[ia] = xa * tb->c[p] - xb * tb->s[p];
+        x[ib] = xa * tb->s[p] + xb * tb->c[p];
     }
 }
 
-/* lmk_f32_to_bf16, inline: nearest even, NaN kept quiet with its sign. */
-LMK_INLINE uint16_t to_bf16(float f)
+/* Elements [lo, hi) outside the pairs: scaled only. */
+static void gap_scalar(lmk_dtype dt, const unsigned char *in, float *x, const float *w, float r, size_t lo, size_t hi)
 {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x0040u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    for (size_t i = lo; i < hi; i++)
+        x[i] = ld(dt, in, i) * r * w[i];
+}
+
+/* The elements outside the pairs of lmk.h's table: [n, stride) and [stride + n, head_dim) split,
+ * [2n, head_dim) adjacent. */
+LMK_INLINE void gaps_of(const lmk_rope_args *ra, size_t g[2][2])
+{
+    const size_t n = ra->angle.n_pairs, st = ra->pair_stride, d = ra->head_dim;
+    if (ra->interleaved)
+        g[0][0] = g[0][1] = 0, g[1][0] = 2 * n, g[1][1] = d;
+    else
+        g[0][0] = n, g[0][1] = st, g[1][0] = st + n, g[1][1] = d;
+}
+
+static void build_scalar(lmk_dtype dt, const lmk_rope_args *ra, const unsigned char *in, float *x, const float *w,
+                         float r, const ap_table *tb)
+{
+    size_t g[2][2];
+    gaps_of(ra, g);
+    pairs_scalar(dt, in, x, w, r, tb, 0, ra->angle.n_pairs, ra->pair_stride, ra->interleaved);
+    gap_scalar(dt, in, x, w, r, g[0][0], g[0][1]);
+    gap_scalar(dt, in, x, w, r, g[1][0], g[1][1]);
 }
 
 /* Stores elements [lo, hi) of x to a destination row (x / scale, quantised, for f8). */
-static void narrow_row(const row_dest *d, const float *x, size_t lo, size_t hi)
+static void narrow_scalar(const row_dest *d, const float *x, size_t lo, size_t hi)
 {
     switch (d->dt) {
     case LMK_F32:
@@ -300,79 +402,724 @@ static void narrow_row(const row_dest *d, const float *x, size_t lo, size_t hi)
     }
 }
 
-/* The rotated elements of a row (a pair at a time): the element indices of pair p. */
-LMK_INLINE void pair_of(const lmk_rope_args *r, size_t p, size_t *ia, size_t *ib)
+#if LMK_CPU_X86
+/* The dtype loops below are inlined into each instantiation when optimizing. At -O0 nothing is
+ * folded and each inlined copy would keep its vector temporaries in stack slots of its own (as in
+ * lmk_rope's CPU path), so there they stay functions and the stack bound holds. */
+#ifdef __OPTIMIZE__
+#define STEP_KERNEL LMK_INLINE
+#else
+#define STEP_KERNEL static
+#endif
+
+/* An f32 sum of squares is as good as the double one unless a square or a partial sum overflowed
+ * (inf, or NaN from an inf input: the double sum is then inf or NaN as well, so nothing is lost
+ * by recomputing) or the sum is below 2^-80, where squares under f32's normal range (< 2^-126,
+ * at most FAST_DIM of them) could matter; all-zero rows land here too. */
+LMK_INLINE bool sum_ok(double ss)
 {
-    *ia = r->interleaved ? 2 * p : p;
-    *ib = r->interleaved ? *ia + 1 : p + r->pair_stride;
+    return ss >= 0x1p-80 && ss < HUGE_VAL;
 }
 
-/* One row through the whole chain into its destinations. */
-static void do_row_fast(const lmk_attn_prologue_args *a, const ap_table *tb, const float *w, const ap_row *r)
+/* ---- AVX-512 ---- */
+
+STEP_KERNEL LMK_TARGET_AVX512 __m512 load16(lmk_dtype dt, const unsigned char *p)
 {
-    const lmk_rope_args *ra = &a->rope;
-    const size_t d = ra->head_dim, n = ra->angle.n_pairs, es = lmk_dtype_size(ra->dtype);
-    const float m = (float)ra->angle.mscale;
-    float x[FAST_DIM];
-    widen_row(ra->dtype, r->in, x, d);
-    if (r->w) {
-        double ss = 0;
-        for (size_t i = 0; i < d; i++)
-            ss += (double)x[i] * x[i];
-        const float rr = (float)(1.0 / sqrt(ss / (double)d + a->eps));
-        for (size_t i = 0; i < d; i++)
-            x[i] = x[i] * rr * w[i];
+    if (dt == LMK_F32)
+        return _mm512_loadu_ps(p);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)p);
+    if (dt == LMK_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+/* The sum of squares in f32, 32 lanes of partial sums: each sums head_dim/32 squares (4 on a
+ * 128-element row), so the relative error stays near f32's rounding unit, far inside lmk.h's
+ * contract. */
+STEP_KERNEL LMK_TARGET_AVX512 double sumsq16_f32(lmk_dtype dt, const unsigned char *in, size_t n)
+{
+    const size_t es = dt == LMK_F32 ? 4 : 2;
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m512 v0 = load16(dt, in + i * es), v1 = load16(dt, in + (i + 16) * es);
+        s0 = _mm512_fmadd_ps(v0, v0, s0);
+        s1 = _mm512_fmadd_ps(v1, v1, s1);
     }
-    for (size_t p = 0; p < n; p++) {
-        size_t ia, ib;
-        pair_of(ra, p, &ia, &ib);
-        const float xa = x[ia], xb = x[ib];
-        x[ia] = (xa * tb->c[p] - xb * tb->s[p]) * m;
-        x[ib] = (xa * tb->s[p] + xb * tb->c[p]) * m;
+    if (i + 16 <= n) {
+        const __m512 v = load16(dt, in + i * es);
+        s0 = _mm512_fmadd_ps(v, v, s0);
+        i += 16;
     }
-    /* Destinations last to first: the first may be the input itself (in place), whose bits the
-     * others still need when there is no norm. */
-    for (int k = r->n_dest - 1; k >= 0; k--) {
-        const row_dest *dst = &r->dest[k];
-        if (r->w || dst->dt != ra->dtype) {
-            narrow_row(dst, x, 0, d);
+    return (double)_mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) + sumsq_scalar(dt, in, i, n);
+}
+
+/* The same in double, for rows whose f32 sum overflowed or is so small that squares below f32's
+ * normal range may have been lost (sum_ok). */
+STEP_KERNEL LMK_TARGET_AVX512 double sumsq16_f64(lmk_dtype dt, const unsigned char *in, size_t n)
+{
+    const size_t es = dt == LMK_F32 ? 4 : 2;
+    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = load16(dt, in + i * es);
+        const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+        const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+        s0 = _mm512_fmadd_pd(lo, lo, s0);
+        s1 = _mm512_fmadd_pd(hi, hi, s1);
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(s0, s1)) + sumsq_scalar(dt, in, i, n);
+}
+
+LMK_TARGET_AVX512 static double sumsq16(lmk_dtype dt, const unsigned char *in, size_t n)
+{
+    double ss;
+    if (dt == LMK_F32)
+        ss = sumsq16_f32(LMK_F32, in, n);
+    else if (dt == LMK_BF16)
+        ss = sumsq16_f32(LMK_BF16, in, n);
+    else
+        ss = sumsq16_f32(LMK_F16, in, n);
+    if (sum_ok(ss))
+        return ss;
+    return dt == LMK_F32 ? sumsq16_f64(LMK_F32, in, n) : dt == LMK_BF16 ? sumsq16_f64(LMK_BF16, in, n)
+                                                                         : sumsq16_f64(LMK_F16, in, n);
+}
+
+/* 16 input elements from i, times r * w. */
+STEP_KERNEL LMK_TARGET_AVX512 __m512 scaled16(lmk_dtype dt, const unsigned char *in, size_t i, __m512 rv, const float *w)
+{
+    return _mm512_mul_ps(_mm512_mul_ps(load16(dt, in + i * (dt == LMK_F32 ? 4 : 2)), rv), _mm512_loadu_ps(w + i));
+}
+
+STEP_KERNEL LMK_TARGET_AVX512 void gap16(lmk_dtype dt, const unsigned char *in, float *x, const float *w, float r,
+                                         size_t lo, size_t hi)
+{
+    const __m512 rv = _mm512_set1_ps(r);
+    size_t i = lo;
+    for (; i + 16 <= hi; i += 16)
+        _mm512_storeu_ps(x + i, scaled16(dt, in, i, rv, w));
+    gap_scalar(dt, in, x, w, r, i, hi);
+}
+
+/* Split pairs 16 at a time, a vector of a's against a vector of b's (stride >= n: the two never
+ * overlap); adjacent pairs 8 at a time: out = x * (c, c) + swap(x) * (-s, s), cos/sin
+ * duplicated into lane pairs (the even lanes are a*c - b*s as in the split case). */
+STEP_KERNEL LMK_TARGET_AVX512 void build16_dt(lmk_dtype dt, const lmk_rope_args *ra, const unsigned char *in, float *x,
+                                              const float *w, float r, const ap_table *tb)
+{
+    const size_t n = ra->angle.n_pairs, st = ra->pair_stride;
+    const __m512 rv = _mm512_set1_ps(r);
+    size_t p = 0, g[2][2];
+    if (ra->interleaved) {
+        const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+        const __m512i neg_even = _mm512_set1_epi64(0x80000000); /* sign bit of lanes 0, 2, 4, ... */
+        for (; p + 8 <= n; p += 8) {
+            const __m512 v = scaled16(dt, in, 2 * p, rv, w);
+            const __m512 cv = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(tb->c + p)));
+            const __m512 sv = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(tb->s + p)));
+            const __m512 sa = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(sv), neg_even));
+            _mm512_storeu_ps(x + 2 * p, _mm512_fmadd_ps(v, cv, _mm512_mul_ps(_mm512_permute_ps(v, 0xB1), sa)));
+        }
+    } else {
+        for (; p + 16 <= n; p += 16) {
+            const __m512 a = scaled16(dt, in, p, rv, w), b = scaled16(dt, in, p + st, rv, w);
+            const __m512 cv = _mm512_loadu_ps(tb->c + p), sv = _mm512_loadu_ps(tb->s + p);
+            _mm512_storeu_ps(x + p, _mm512_fmsub_ps(a, cv, _mm512_mul_ps(b, sv)));
+            _mm512_storeu_ps(x + p + st, _mm512_fmadd_ps(a, sv, _mm512_mul_ps(b, cv)));
+        }
+    }
+    pairs_scalar(dt, in, x, w, r, tb, p, n, st, ra->interleaved);
+    gaps_of(ra, g);
+    gap16(dt, in, x, w, r, g[0][0], g[0][1]);
+    gap16(dt, in, x, w, r, g[1][0], g[1][1]);
+}
+
+LMK_TARGET_AVX512 static void build16(lmk_dtype dt, const lmk_rope_args *ra, const unsigned char *in, float *x,
+                                      const float *w, float r, const ap_table *tb)
+{
+    if (dt == LMK_F32)
+        build16_dt(LMK_F32, ra, in, x, w, r, tb);
+    else if (dt == LMK_BF16)
+        build16_dt(LMK_BF16, ra, in, x, w, r, tb);
+    else
+        build16_dt(LMK_F16, ra, in, x, w, r, tb);
+}
+
+STEP_KERNEL LMK_TARGET_AVX512 void widen16_dt(lmk_dtype dt, const unsigned char *in, float *x, size_t n)
+{
+    const size_t es = dt == LMK_F32 ? 4 : 2;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(x + i, load16(dt, in + i * es));
+    widen_scalar(dt, in, x, i, n);
+}
+
+LMK_TARGET_AVX512 static void widen16(lmk_dtype dt, const unsigned char *in, float *x, size_t n)
+{
+    if (dt == LMK_F32)
+        widen16_dt(LMK_F32, in, x, n);
+    else if (dt == LMK_BF16)
+        widen16_dt(LMK_BF16, in, x, n);
+    else
+        widen16_dt(LMK_F16, in, x, n);
+}
+
+/* 16 f8 codes, lane by lane lmk_f8e4m3_from_f32_bits (core/f8.h): normal E4M3 values by the same
+ * integer rounding on the bits ((r >> 20) - 960 is ((r >> 23) - 120) << 3 | (r >> 20) & 7, and
+ * the min saturates everything from 464 up, infinity included); below 2^-6, round-to-nearest-even
+ * of |x| * 2^9, exact since 2^9 is a power of two, which is the scalar rounding of m >> shift (0
+ * for f32 subnormals); NaN 0x7F. The sign is put back last. */
+STEP_KERNEL LMK_TARGET_AVX512 __m128i f8_16(__m512 v)
+{
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i u = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
+    const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 20), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7ffff)), lsb);
+    __m512i code = _mm512_min_epu32(_mm512_sub_epi32(_mm512_srli_epi32(r, 20), _mm512_set1_epi32(960)),
+                                    _mm512_set1_epi32(0x7e));
+    const __m512 tiny = _mm512_mul_ps(_mm512_castsi512_ps(u), _mm512_set1_ps(512.0f));
+    const __m512i sub = _mm512_cvt_roundps_epi32(tiny, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    code = _mm512_mask_mov_epi32(code, _mm512_cmplt_epu32_mask(u, _mm512_set1_epi32(0x3c800000)), sub);
+    code = _mm512_mask_mov_epi32(code, _mm512_cmpgt_epu32_mask(u, _mm512_set1_epi32(0x7f800000)),
+                                 _mm512_set1_epi32(0x7f));
+    return _mm512_cvtepi32_epi8(_mm512_or_si512(code, sign));
+}
+
+/* lmk_f32_to_bf16 on 16 lanes: u + 0x7fff + lsb, NaN -> (u | quiet bit) >> 16. */
+STEP_KERNEL LMK_TARGET_AVX512 __m256i bf16_16(__m512 v)
+{
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
+    r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), u, _mm512_set1_epi32(0x400000));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
+/* Elements [lo, hi) of x into d (dtype odt), 16 at a time. With nt the range is whole aligned
+ * lines, so the scalar tail never streams. */
+STEP_KERNEL LMK_TARGET_AVX512 void narrow16_dt(lmk_dtype odt, int nt, const row_dest *d, const float *x, size_t lo,
+                                               size_t hi)
+{
+    const size_t oes = odt == LMK_F32 ? 4 : odt == LMK_F8E4M3 ? 1 : 2;
+    const __m512 scale = _mm512_set1_ps(d->scale);
+    const int scaled = d->scale != 1.0f; /* x / 1 is x: skip the division */
+    size_t i = lo;
+    for (; i + 16 <= hi; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        unsigned char *p = d->p + i * oes;
+        if (odt == LMK_F32) {
+            if (nt)
+                _mm512_stream_ps((float *)(void *)p, v);
+            else
+                _mm512_storeu_ps(p, v);
+        } else if (odt == LMK_F8E4M3) {
+            if (scaled)
+                v = _mm512_div_ps(v, scale);
+            const __m128i b = f8_16(v);
+            if (nt)
+                _mm_stream_si128((__m128i *)(void *)p, b);
+            else
+                _mm_storeu_si128((__m128i *)(void *)p, b);
+        } else {
+            const __m256i h = odt == LMK_BF16 ? bf16_16(v)
+                                              : _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            if (nt)
+                _mm256_stream_si256((__m256i *)(void *)p, h);
+            else
+                _mm256_storeu_si256((__m256i *)(void *)p, h);
+        }
+    }
+    if (i < hi)
+        narrow_scalar(d, x, i, hi);
+}
+
+LMK_TARGET_AVX512 static void narrow16(const row_dest *d, const float *x, size_t lo, size_t hi)
+{
+    switch (d->dt) {
+    case LMK_F32:
+        d->nt ? narrow16_dt(LMK_F32, 1, d, x, lo, hi) : narrow16_dt(LMK_F32, 0, d, x, lo, hi);
+        break;
+    case LMK_BF16:
+        d->nt ? narrow16_dt(LMK_BF16, 1, d, x, lo, hi) : narrow16_dt(LMK_BF16, 0, d, x, lo, hi);
+        break;
+    case LMK_F16:
+        d->nt ? narrow16_dt(LMK_F16, 1, d, x, lo, hi) : narrow16_dt(LMK_F16, 0, d, x, lo, hi);
+        break;
+    default:
+        d->nt ? narrow16_dt(LMK_F8E4M3, 1, d, x, lo, hi) : narrow16_dt(LMK_F8E4M3, 0, d, x, lo, hi);
+        break;
+    }
+}
+
+/* ---- AVX2: the same steps on 8 lanes ---- */
+
+STEP_KERNEL LMK_TARGET_AVX2 __m256 load8(lmk_dtype dt, const unsigned char *p)
+{
+    if (dt == LMK_F32)
+        return _mm256_loadu_ps((const float *)(const void *)p);
+    const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
+    if (dt == LMK_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+STEP_KERNEL LMK_TARGET_AVX2 double sumsq8_f32(lmk_dtype dt, const unsigned char *in, size_t n)
+{
+    const size_t es = dt == LMK_F32 ? 4 : 2;
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 v0 = load8(dt, in + i * es), v1 = load8(dt, in + (i + 8) * es);
+        s0 = _mm256_fmadd_ps(v0, v0, s0);
+        s1 = _mm256_fmadd_ps(v1, v1, s1);
+    }
+    if (i + 8 <= n) {
+        const __m256 v = load8(dt, in + i * es);
+        s0 = _mm256_fmadd_ps(v, v, s0);
+        i += 8;
+    }
+    const __m256 s = _mm256_add_ps(s0, s1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+    return (double)_mm_cvtss_f32(h) + sumsq_scalar(dt, in, i, n);
+}
+
+STEP_KERNEL LMK_TARGET_AVX2 double sumsq8_f64(lmk_dtype dt, const unsigned char *in, size_t n)
+{
+    const size_t es = dt == LMK_F32 ? 4 : 2;
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = load8(dt, in + i * es);
+        const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+        s0 = _mm256_fmadd_pd(lo, lo, s0);
+        s1 = _mm256_fmadd_pd(hi, hi, s1);
+    }
+    const __m256d s = _mm256_add_pd(s0, s1);
+    const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h))) + sumsq_scalar(dt, in, i, n);
+}
+
+/* As sumsq16. */
+LMK_TARGET_AVX2 static double sumsq8(lmk_dtype dt, const unsigned char *in, size_t n)
+{
+    double ss;
+    if (dt == LMK_F32)
+        ss = sumsq8_f32(LMK_F32, in, n);
+    else if (dt == LMK_BF16)
+        ss = sumsq8_f32(LMK_BF16, in, n);
+    else
+        ss = sumsq8_f32(LMK_F16, in, n);
+    if (sum_ok(ss))
+        return ss;
+    return dt == LMK_F32 ? sumsq8_f64(LMK_F32, in, n) : dt == LMK_BF16 ? sumsq8_f64(LMK_BF16, in, n)
+                                                                        : sumsq8_f64(LMK_F16, in, n);
+}
+
+STEP_KERNEL LMK_TARGET_AVX2 __m256 scaled8(lmk_dtype dt, const unsigned char *in, size_t i, __m256 rv, const float *w)
+{
+    return _mm256_mul_ps(_mm256_mul_ps(load8(dt, in + i * (dt == LMK_F32 ? 4 : 2)), rv), _mm256_loadu_ps(w + i));
+}
+
+STEP_KERNEL LMK_TARGET_AVX2 void gap8(lmk_dtype dt, const unsigned char *in, float *x, const float *w, float r,
+                                      size_t lo, size_t hi)
+{
+    const __m256 rv = _mm256_set1_ps(r);
+    size_t i = lo;
+    for (; i + 8 <= hi; i += 8)
+        _mm256_storeu_ps(x + i, scaled8(dt, in, i, rv, w));
+    gap_scalar(dt, in, x, w, r, i, hi);
+}
+
+STEP_KERNEL LMK_TARGET_AVX2 void build8_dt(lmk_dtype dt, const lmk_rope_args *ra, const unsigned char *in, float *x,
+                                           const float *w, float r, const ap_table *tb)
+{
+    const size_t n = ra->angle.n_pairs, st = ra->pair_stride;
+    const __m256 rv = _mm256_set1_ps(r);
+    size_t p = 0, g[2][2];
+    if (ra->interleaved) {
+        const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+        const __m256 neg_even = _mm256_castsi256_ps(_mm256_set1_epi64x(0x80000000));
+        for (; p + 4 <= n; p += 4) {
+            const __m256 v = scaled8(dt, in, 2 * p, rv, w);
+            const __m256 cv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(tb->c + p)), dup);
+            const __m256 sv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(tb->s + p)), dup);
+            const __m256 sa = _mm256_xor_ps(sv, neg_even);
+            _mm256_storeu_ps(x + 2 * p, _mm256_fmadd_ps(v, cv, _mm256_mul_ps(_mm256_permute_ps(v, 0xB1), sa)));
+        }
+    } else {
+        for (; p + 8 <= n; p += 8) {
+            const __m256 a = scaled8(dt, in, p, rv, w), b = scaled8(dt, in, p + st, rv, w);
+            const __m256 cv = _mm256_loadu_ps(tb->c + p), sv = _mm256_loadu_ps(tb->s + p);
+            _mm256_storeu_ps(x + p, _mm256_fmsub_ps(a, cv, _mm256_mul_ps(b, sv)));
+            _mm256_storeu_ps(x + p + st, _mm256_fmadd_ps(a, sv, _mm256_mul_ps(b, cv)));
+        }
+    }
+    pairs_scalar(dt, in, x, w, r, tb, p, n, st, ra->interleaved);
+    gaps_of(ra, g);
+    gap8(dt, in, x, w, r, g[0][0], g[0][1]);
+    gap8(dt, in, x, w, r, g[1][0], g[1][1]);
+}
+
+LMK_TARGET_AVX2 static void build8(lmk_dtype dt, const lmk_rope_args *ra, const unsigned char *in, float *x,
+                                   const float *w, float r, const ap_table *tb)
+{
+    if (dt == LMK_F32)
+        build8_dt(LMK_F32, ra, in, x, w, r, tb);
+    else if (dt == LMK_BF16)
+        build8_dt(LMK_BF16, ra, in, x, w, r, tb);
+    else
+        build8_dt(LMK_F16, ra, in, x, w, r, tb);
+}
+
+STEP_KERNEL LMK_TARGET_AVX2 void widen8_dt(lmk_dtype dt, const unsigned char *in, float *x, size_t n)
+{
+    const size_t es = dt == LMK_F32 ? 4 : 2;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, load8(dt, in + i * es));
+    widen_scalar(dt, in, x, i, n);
+}
+
+LMK_TARGET_AVX2 static void widen8(lmk_dtype dt, const unsigned char *in, float *x, size_t n)
+{
+    if (dt == LMK_F32)
+        widen8_dt(LMK_F32, in, x, n);
+    else if (dt == LMK_BF16)
+        widen8_dt(LMK_BF16, in, x, n);
+    else
+        widen8_dt(LMK_F16, in, x, n);
+}
+
+/* f8_16's steps on 8 lanes: the code in the low byte of each 32-bit lane. */
+STEP_KERNEL LMK_TARGET_AVX2 __m256i f8_8(__m256 v)
+{
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i u = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
+    const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 20), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7ffff)), lsb);
+    __m256i code = _mm256_min_epu32(_mm256_sub_epi32(_mm256_srli_epi32(r, 20), _mm256_set1_epi32(960)),
+                                    _mm256_set1_epi32(0x7e));
+    const __m256 tiny = _mm256_mul_ps(_mm256_castsi256_ps(u), _mm256_set1_ps(512.0f));
+    const __m256i sub = _mm256_cvttps_epi32(_mm256_round_ps(tiny, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    /* u < 2^31: the signed compares are the unsigned ones */
+    code = _mm256_blendv_epi8(code, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(0x3c800000), u));
+    code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7f), _mm256_cmpgt_epi32(u, _mm256_set1_epi32(0x7f800000)));
+    return _mm256_or_si256(code, sign);
+}
+
+/* 16 f8 codes from two vectors of 8, in element order (codes <= 0xFF: the packs never saturate). */
+STEP_KERNEL LMK_TARGET_AVX2 __m128i f8_pack16(__m256 a, __m256 b)
+{
+    const __m256i w = _mm256_permute4x64_epi64(_mm256_packus_epi32(f8_8(a), f8_8(b)), 0xD8); /* a0-7 | b0-7 */
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi16(w, w), 0x08));
+}
+
+STEP_KERNEL LMK_TARGET_AVX2 __m128i bf16_8(__m256 v)
+{
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb);
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
+    r = _mm256_srli_epi32(r, 16);
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+/* As narrow16_dt, 16 elements (two vectors of 8) a step. */
+STEP_KERNEL LMK_TARGET_AVX2 void narrow8_dt(lmk_dtype odt, int nt, const row_dest *d, const float *x, size_t lo,
+                                            size_t hi)
+{
+    const size_t oes = odt == LMK_F32 ? 4 : odt == LMK_F8E4M3 ? 1 : 2;
+    const __m256 scale = _mm256_set1_ps(d->scale);
+    const int scaled = d->scale != 1.0f;
+    size_t i = lo;
+    for (; i + 16 <= hi; i += 16) {
+        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+        unsigned char *p = d->p + i * oes;
+        if (odt == LMK_F32) {
+            float *o = (float *)(void *)p;
+            if (nt)
+                _mm256_stream_ps(o, v0), _mm256_stream_ps(o + 8, v1);
+            else
+                _mm256_storeu_ps(o, v0), _mm256_storeu_ps(o + 8, v1);
             continue;
         }
-        if (dst->p != r->in) /* no norm: the input's own bits outside the rotated pairs */
-            memcpy(dst->p, r->in, d * es);
-        for (size_t p = 0; p < n; p++) {
-            size_t ia, ib;
-            pair_of(ra, p, &ia, &ib);
-            narrow_row(dst, x, ia, ia + 1);
-            narrow_row(dst, x, ib, ib + 1);
+        __m128i h0, h1 = _mm_setzero_si128();
+        if (odt == LMK_F8E4M3) {
+            if (scaled)
+                v0 = _mm256_div_ps(v0, scale), v1 = _mm256_div_ps(v1, scale);
+            h0 = f8_pack16(v0, v1);
+        } else if (odt == LMK_BF16) {
+            h0 = bf16_8(v0), h1 = bf16_8(v1);
+        } else {
+            h0 = _mm256_cvtps_ph(v0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            h1 = _mm256_cvtps_ph(v1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        }
+        __m128i *o = (__m128i *)(void *)p;
+        if (nt)
+            _mm_stream_si128(o, h0);
+        else
+            _mm_storeu_si128(o, h0);
+        if (odt != LMK_F8E4M3 && nt)
+            _mm_stream_si128(o + 1, h1);
+        else if (odt != LMK_F8E4M3)
+            _mm_storeu_si128(o + 1, h1);
+    }
+    if (i < hi)
+        narrow_scalar(d, x, i, hi);
+}
+
+LMK_TARGET_AVX2 static void narrow8(const row_dest *d, const float *x, size_t lo, size_t hi)
+{
+    switch (d->dt) {
+    case LMK_F32:
+        d->nt ? narrow8_dt(LMK_F32, 1, d, x, lo, hi) : narrow8_dt(LMK_F32, 0, d, x, lo, hi);
+        break;
+    case LMK_BF16:
+        d->nt ? narrow8_dt(LMK_BF16, 1, d, x, lo, hi) : narrow8_dt(LMK_BF16, 0, d, x, lo, hi);
+        break;
+    case LMK_F16:
+        d->nt ? narrow8_dt(LMK_F16, 1, d, x, lo, hi) : narrow8_dt(LMK_F16, 0, d, x, lo, hi);
+        break;
+    default:
+        d->nt ? narrow8_dt(LMK_F8E4M3, 1, d, x, lo, hi) : narrow8_dt(LMK_F8E4M3, 0, d, x, lo, hi);
+        break;
+    }
+}
+#endif
+
+/* ---- the row path: each step at a level (a constant in every caller below) ---- */
+
+LMK_INLINE double sumsq_at(lmk_cpu_isa isa, lmk_dtype dt, const unsigned char *in, size_t n)
+{
+#if LMK_CPU_X86
+    if (isa == LMK_CPU_AVX512)
+        return sumsq16(dt, in, n);
+    if (isa == LMK_CPU_AVX2)
+        return sumsq8(dt, in, n);
+#endif
+    (void)isa;
+    return sumsq_scalar(dt, in, 0, n);
+}
+
+LMK_INLINE void build_at(lmk_cpu_isa isa, const lmk_rope_args *ra, const unsigned char *in, float *x, const float *w,
+                         float r, const ap_table *tb)
+{
+#if LMK_CPU_X86
+    if (isa == LMK_CPU_AVX512) {
+        build16(ra->dtype, ra, in, x, w, r, tb);
+        return;
+    }
+    if (isa == LMK_CPU_AVX2) {
+        build8(ra->dtype, ra, in, x, w, r, tb);
+        return;
+    }
+#endif
+    (void)isa;
+    build_scalar(ra->dtype, ra, in, x, w, r, tb);
+}
+
+LMK_INLINE void widen_at(lmk_cpu_isa isa, lmk_dtype dt, const unsigned char *in, float *x, size_t n)
+{
+#if LMK_CPU_X86
+    if (isa == LMK_CPU_AVX512) {
+        widen16(dt, in, x, n);
+        return;
+    }
+    if (isa == LMK_CPU_AVX2) {
+        widen8(dt, in, x, n);
+        return;
+    }
+#endif
+    (void)isa;
+    widen_scalar(dt, in, x, 0, n);
+}
+
+LMK_INLINE void narrow_at(lmk_cpu_isa isa, const row_dest *d, const float *x, size_t lo, size_t hi)
+{
+#if LMK_CPU_X86
+    if (isa == LMK_CPU_AVX512) {
+        narrow16(d, x, lo, hi);
+        return;
+    }
+    if (isa == LMK_CPU_AVX2) {
+        narrow8(d, x, lo, hi);
+        return;
+    }
+#endif
+    (void)isa;
+    narrow_scalar(d, x, lo, hi);
+}
+
+/* ---- the row path: rows, v and tokens ---- */
+
+/* One row through the chain into its destinations (r: its norm factor, 1 without a norm, whose
+ * weights are then 1 too). Destinations go last to first: the first may be the input itself (in
+ * place), whose bits the others still need without a norm. */
+LMK_INLINE void do_row(lmk_cpu_isa isa, const lmk_rope_args *ra, const ap_table *tb, const float *w, float r, bool norm,
+                       const unsigned char *in, const row_dest *dest, int n_dest, float *x)
+{
+    const size_t d = ra->head_dim, n = ra->angle.n_pairs, es = ra->dtype == LMK_F32 ? 4 : 2;
+    build_at(isa, ra, in, x, w, r, tb);
+    const int whole_rope = ra->rope_dim == ra->head_dim; /* no element outside the pairs */
+    for (int k = n_dest - 1; k >= 0; k--) {
+        const row_dest *dst = &dest[k];
+        if (norm || dst->dt != ra->dtype || whole_rope) {
+            narrow_at(isa, dst, x, 0, d);
+            continue;
+        }
+        /* no norm: the input's own bits outside the rotated pairs, then the pairs (plain stores) */
+        row_dest plain = *dst;
+        plain.nt = 0;
+        if (dst->p != in)
+            memcpy(dst->p, in, d * es);
+        if (ra->interleaved) {
+            narrow_at(isa, &plain, x, 0, 2 * n);
+        } else {
+            narrow_at(isa, &plain, x, 0, n);
+            narrow_at(isa, &plain, x, ra->pair_stride, ra->pair_stride + n);
         }
     }
 }
 
-static void widen_weights(const lmk_attn_prologue_args *a, ap_weights *w)
+/* The token's v rows to their cache rows: byte copies (streaming when the row qualifies), or
+ * quantised to f8 through x in pieces of FAST_DIM. */
+LMK_INLINE void do_v(lmk_cpu_isa isa, const ap_job *jb, size_t token, long long slot, float *x)
 {
-    const float off = (float)a->weight_offset;
-    for (size_t i = 0; i < a->rope.head_dim; i++) {
-        w->q[i] = a->q_norm_w ? ld(a->q_norm_dtype, a->q_norm_w, i) + off : 1.0f;
-        w->k[i] = a->k_norm_w ? ld(a->k_norm_dtype, a->k_norm_w, i) + off : 1.0f;
+    const lmk_attn_prologue_args *a = jb->a;
+    const lmk_dtype dt = a->rope.dtype;
+    const size_t dv = a->v_dim, es = lmk_dtype_size(dt);
+    for (size_t h = 0; h < a->rope.t[1].n_heads; h++) {
+        const unsigned char *src;
+        row_dest d = v_row(jb, token, h, slot, &src);
+        if (d.dt == dt) {
+            if (d.nt)
+                lmk_cpu_stream_copy(d.p, src, dv * es);
+            else
+                memcpy(d.p, src, dv * es);
+            continue;
+        }
+        for (size_t i0 = 0; i0 < dv; i0 += FAST_DIM) {
+            const size_t n = dv - i0 < FAST_DIM ? dv - i0 : FAST_DIM;
+            widen_at(isa, dt, src + i0 * es, x, n);
+            narrow_at(isa, &d, x, 0, n);
+            d.p += n; /* f8: a byte an element */
+        }
     }
 }
 
-static void do_token_fast(const lmk_attn_prologue_args *a, ap_table *tb, const ap_weights *w, size_t token)
+/* Heads [h0, h1) (at most ROW_GROUP) of one tensor of a token (q: 0, k: 1): the sums of squares
+ * first, so that the norm factors (a divide, a square root and a divide in double: ~45 cycles of
+ * latency each) are independent of each other, then each row through the chain while it is still
+ * in L1. */
+#define ROW_GROUP 8
+
+LMK_INLINE void set_dest(row_dest *d, unsigned char *p, lmk_dtype dt, float scale, int tensor_nt)
 {
-    const size_t hq = a->rope.t[0].n_heads, rows = hq + a->rope.t[1].n_heads;
-    const long long slot = slot_of(a, token);
-    fill_angles(&a->rope.angle, tb, a->rope.angle.n_pairs, token);
-    for (size_t h = 0; h < rows; h++) {
-        const ap_row r = make_row(a, token, h, slot);
-        do_row_fast(a, tb, h < hq ? w->q : w->k, &r);
-    }
-    store_v(a, token, slot);
+    /* field by field: a struct copy here is read back as one vector before the stores retire */
+    d->p = p, d->dt = dt, d->scale = scale, d->nt = nt_at(tensor_nt, p);
 }
+
+LMK_INLINE void do_rows(lmk_cpu_isa isa, const ap_job *jb, const ap_table *tb, const float *w, size_t token,
+                        long long slot, int k, size_t h0, size_t h1, float *x)
+{
+    const lmk_attn_prologue_args *a = jb->a;
+    const lmk_rope_args *ra = &a->rope;
+    const lmk_rope_tensor *t = &ra->t[k];
+    const size_t es = jb->es, d = ra->head_dim;
+    const bool norm = (k ? a->k_norm_w : a->q_norm_w) != NULL;
+    const unsigned char *in = (const unsigned char *)t->in + (token * t->in_tok + h0 * t->in_head) * es;
+    unsigned char *out = t->out ? (unsigned char *)t->out + (token * t->out_tok + h0 * t->out_head) * es : NULL;
+    const bool cache = k && a->k_cache.data && slot >= 0 && (unsigned long long)slot < a->k_slots;
+    const size_t ces = jb->k_ces;
+    unsigned char *crow = cache ? (unsigned char *)a->k_cache.data + ((size_t)slot * a->k_cache.tok + h0 * a->k_cache.head) * ces
+                                : NULL;
+    float rf[ROW_GROUP];
+    if (norm) {
+        double ss[ROW_GROUP];
+        for (size_t i = 0; i < h1 - h0; i++)
+            ss[i] = sumsq_at(isa, ra->dtype, in + i * t->in_head * es, d);
+        for (size_t i = 0; i < h1 - h0; i++)
+            rf[i] = (float)(1.0 / sqrt(ss[i] / (double)d + a->eps));
+    }
+    for (size_t i = 0; i < h1 - h0; i++) {
+        row_dest dest[2];
+        int n_dest = 0;
+        if (out)
+            set_dest(&dest[n_dest++], out + i * t->out_head * es, ra->dtype, 1.0f, k ? jb->nt_k : jb->nt_q);
+        if (cache)
+            set_dest(&dest[n_dest++], crow + i * a->k_cache.head * ces, a->k_cache.dtype, a->k_scale, jb->nt_kc);
+        do_row(isa, ra, tb, w, norm ? rf[i] : 1.0f, norm, in + i * t->in_head * es, dest, n_dest, x);
+    }
+}
+
+/* The norm weight of q (k = 0) or k, plus the offset, into w (1 without a norm). Widened again for
+ * each token (q and k alternate), which costs a few vector steps per token and keeps a second
+ * FAST_DIM buffer off the stack. */
+LMK_INLINE void load_weights(lmk_cpu_isa isa, const lmk_attn_prologue_args *a, int k, float *w)
+{
+    const void *src = k ? a->k_norm_w : a->q_norm_w;
+    const size_t d = a->rope.head_dim;
+    if (!src) {
+        for (size_t i = 0; i < d; i++)
+            w[i] = 1.0f;
+        return;
+    }
+    widen_at(isa, k ? a->k_norm_dtype : a->q_norm_dtype, src, w, d);
+    const float off = (float)a->weight_offset;
+    for (size_t i = 0; i < d; i++) /* even + 0: -0 + 0 is +0, as in the reference's w + offset */
+        w[i] += off;
+}
+
+LMK_INLINE void do_tokens(lmk_cpu_isa isa, const ap_job *jb, ap_table *tb, float *w, float *x, size_t lo, size_t hi)
+{
+    const lmk_attn_prologue_args *a = jb->a;
+    for (size_t token = lo; token < hi; token++) {
+        const long long slot = slot_of(a, token);
+        fill_angles(&a->rope.angle, tb, a->rope.angle.n_pairs, token);
+        for (int k = 0; k < 2; k++) {
+            load_weights(isa, a, k, w);
+            for (size_t h0 = 0; h0 < a->rope.t[k].n_heads; h0 += ROW_GROUP) {
+                const size_t h1 = a->rope.t[k].n_heads - h0 < ROW_GROUP ? a->rope.t[k].n_heads : h0 + ROW_GROUP;
+                do_rows(isa, jb, tb, w, token, slot, k, h0, h1, x);
+            }
+        }
+        if (v_slot_ok(a, slot))
+            do_v(isa, jb, token, slot, x);
+    }
+}
+
+/* Each level's token loop, the level a constant so that every step call is direct. */
+static void tokens_scalar(const ap_job *jb, ap_table *tb, float *w, float *x, size_t lo, size_t hi)
+{
+    do_tokens(LMK_CPU_SCALAR, jb, tb, w, x, lo, hi);
+}
+
+#if LMK_CPU_X86
+LMK_TARGET_AVX512 static void tokens_avx512(const ap_job *jb, ap_table *tb, float *w, float *x, size_t lo,
+                                            size_t hi)
+{
+    do_tokens(LMK_CPU_AVX512, jb, tb, w, x, lo, hi);
+}
+
+LMK_TARGET_AVX2 static void tokens_avx2(const ap_job *jb, ap_table *tb, float *w, float *x, size_t lo,
+                                        size_t hi)
+{
+    do_tokens(LMK_CPU_AVX2, jb, tb, w, x, lo, hi);
+}
+#endif
+
+/* ---- launch ---- */
 
 static void prologue_task(void *ctx, int tid, int n_threads)
 {
-    const lmk_attn_prologue_args *a = ctx;
+    const ap_job *jb = ctx;
+    const lmk_attn_prologue_args *a = jb->a;
     size_t lo, hi;
     lmk_cpu_share(a->rope.seq_len, tid, n_threads, 1, &lo, &hi);
     if (lo >= hi)
@@ -381,23 +1128,49 @@ static void prologue_task(void *ctx, int tid, int n_threads)
     const bool one_chunk = a->rope.angle.n_pairs <= CHUNK;
     if (one_chunk)
         fill_freqs(&a->rope.angle, &tb, 0, a->rope.angle.n_pairs);
-    if (one_chunk && a->rope.head_dim <= FAST_DIM) {
-        ap_weights w;
-        widen_weights(a, &w);
+    if (!one_chunk || a->rope.head_dim > FAST_DIM) {
         for (size_t token = lo; token < hi; token++)
-            do_token_fast(a, &tb, &w, token);
+            do_token(jb, &tb, one_chunk, token);
         return;
     }
-    for (size_t token = lo; token < hi; token++)
-        do_token(a, &tb, one_chunk, token);
+    _Alignas(64) float w[FAST_DIM], x[FAST_DIM]; /* a norm weight (plus offset) and a row */
+#if LMK_CPU_X86
+    if (jb->isa == LMK_CPU_AVX512)
+        tokens_avx512(jb, &tb, w, x, lo, hi);
+    else if (jb->isa == LMK_CPU_AVX2)
+        tokens_avx2(jb, &tb, w, x, lo, hi);
+    else
+#endif
+        tokens_scalar(jb, &tb, w, x, lo, hi);
+    if (jb->nt_q || jb->nt_k || jb->nt_kc || jb->nt_vc)
+        lmk_cpu_stream_fence();
+}
+
+/* Streaming stores for a destination tensor: a vector level, a large op, an output that is not
+ * its own input (in place the lines are already cached), and rows of whole cache lines; each row
+ * must also start on a line (nt_at). */
+static int tensor_nt(const ap_job *jb, size_t out_bytes, bool present, bool in_place, size_t row_bytes)
+{
+    return jb->isa != LMK_CPU_SCALAR && present && !in_place && out_bytes >= LMK_CPU_STREAM_MIN_BYTES &&
+           row_bytes % 64 == 0;
 }
 
 lmk_status lmk_cpu_attn_prologue(lmk_stream *s, const void *args)
 {
     const lmk_attn_prologue_args *a = args;
-    const size_t es = lmk_dtype_size(a->rope.dtype);
-    const size_t rows = (size_t)a->rope.t[0].n_heads + a->rope.t[1].n_heads;
-    const size_t bytes = a->rope.seq_len * (2 * rows * a->rope.head_dim + 2 * a->rope.t[1].n_heads * (size_t)a->v_dim) * es;
-    lmk_cpu_parallel(s, bytes, prologue_task, (void *)a);
+    const size_t es = lmk_dtype_size(a->rope.dtype), T = a->rope.seq_len, d = a->rope.head_dim;
+    const size_t hq = a->rope.t[0].n_heads, hk = a->rope.t[1].n_heads, dv = a->v_dim;
+    const size_t kces = a->k_cache.data ? lmk_dtype_size(a->k_cache.dtype) : 0;
+    const size_t vces = a->v_cache.data ? lmk_dtype_size(a->v_cache.dtype) : 0;
+    const size_t out_bytes = T * (hq * d * es + (a->rope.t[1].out ? hk * d * es : 0) + hk * d * kces + hk * dv * vces);
+    ap_job jb = {.a = a, .isa = lmk_cpu_stream_isa(s), .es = es, .k_ces = kces};
+    if (a->rope.angle.n_pairs <= CHUNK && d <= FAST_DIM) { /* the row path */
+        jb.nt_q = tensor_nt(&jb, out_bytes, true, a->rope.t[0].out == a->rope.t[0].in, d * es);
+        jb.nt_k = tensor_nt(&jb, out_bytes, a->rope.t[1].out != NULL, a->rope.t[1].out == a->rope.t[1].in, d * es);
+        jb.nt_kc = tensor_nt(&jb, out_bytes, a->k_cache.data != NULL, false, d * kces);
+        jb.nt_vc = tensor_nt(&jb, out_bytes, a->v_cache.data != NULL, false, dv * vces);
+    }
+    const size_t bytes = T * (2 * (hq + hk) * d + 2 * hk * dv) * es;
+    lmk_cpu_parallel(s, bytes, prologue_task, &jb);
     return LMK_OK;
 }
