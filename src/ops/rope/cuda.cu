@@ -23,36 +23,39 @@
  * rows are 64-bit. Offsets within a row are 32-bit: rows over 4 GiB are rejected (UNSUPPORTED).
  *
  * Angles. theta(token, pair) = position * freq(pair); m (attn_factor, or YaRN's m) is folded into
- * the table's cos and sin, so copies never see it, and m = 1 multiplies by 1.0f, which changes no
- * bit. The rules live in rope_common.h only: the launch plan (plan_angles) fills a per-pair table
- * with lmk_rope_axis_j (the pair's position axis) and lmk_rope_freq (its angle factor, freq_factors
- * aside) in float64 on the host and passes it by value in the kernel parameters (__grid_constant__:
- * read in place, never copied to local memory). So the device evaluates no pow() (in CUDA an
- * out-of-line call, whose calling convention made ptxas spill the load batches). A launch rotates
- * at most kTabPairs = 128 pairs: rope_dim <= 256 (every model we know) is one launch, a larger one
- * takes a launch per slice of 128 pairs, each rotating its own pairs (the first also copies the
- * untouched elements). The table is a pure function of the angle parameters, so the host keeps the
- * last few in a thread-local cache instead of paying ~21 ns of pow() per pair per call.
+ * the shared table's cos and sin, so copies never see it, and m = 1 multiplies by 1.0f, which
+ * changes no bit. Each angle is formed on the device from a few uniform kernel parameters
+ * (plan_angles): the pair's position axis and exponent index by rope_common.h's lmk_rope_axis_j
+ * rule, restated in 32 bits with its sums precomputed (pair_axis), and its factor by lmk_rope_freq's
+ * formula with theta_e = exp2(j * log2_step) in float64 (pair_freq; pow() is an out-of-line call
+ * on the device). Both are __host__ __device__ and were checked against rope_common.h on the host
+ * (docs/cuda_notes.md, version 9). v8 tabulated them per pair on the host and passed the table in
+ * the parameters (1.4 KB); every thread of a warp then read a different parameter word, and
+ * constant-bank reads of different addresses are serialized. A launch rotates at most kSlicePairs
+ * = 128 pairs: rope_dim <= 256 (every model we know) is one launch, a larger one takes a launch per
+ * slice of 128 pairs, each rotating its own pairs (the first also copies the untouched elements).
  * freq_factors live in device memory, which the host cannot read without a sync: the device
- * divides by ff[p] (lmk.h's theta is linear in theta_e and ff only divides theta_e, so
+ * divides the factor by ff[p] (lmk.h's theta is linear in theta_e and ff only divides theta_e, so
  * lmk_rope_freq(ff) = lmk_rope_freq(1) / ff up to two float64 roundings). Positions are read by
- * lmk_rope_pos. The angle is reduced in float64 and its sin/cos evaluated in f32 (rope_cs).
+ * lmk_rope_pos's rule. The angle is reduced in float64 and its sin/cos evaluated in f32 (rope_cs).
+ * An angle's loads (position, freq_factor) are issued before the data's and its arithmetic runs
+ * while they are in flight (angle_begin, angle_end).
  *
  * Two kernels, both reading the (cos, sin) of a block's (token, pair) angles from a shared-memory
  * table that the block computes once (one angle per thread) for all its rows of q and k:
  *   rope_multi_kernel (prefill): a block takes a tile of `tile_tokens` tokens and a group of rows.
- *     A thread loads its first batch of pair units and of copy units, computes its angle, stores
- *     the copies and streams the rest, then waits at the barrier and rotates its pair units, so
- *     the angle overlaps a memory round trip. Pair and copy items are enumerated separately (a warp
- *     runs one kind). plan_tiles.
+ *     A thread issues its angle's loads, loads its first batch of pair units and of copy units,
+ *     finishes its angle, stores the copies and streams the rest, then waits at the barrier and
+ *     rotates its pair units, so the angle overlaps a memory round trip. Pair and copy items are
+ *     enumerated separately (a warp runs one kind). plan_tiles.
  *   rope_decode_kernel (small T): one token per block, whole rows per block, one item per thread
- *     (threadIdx.x is the item of the row, threadIdx.y the row), no loop, no run-time division.
- *     Chosen when its grid is at most 2 blocks per SM, where the prefill kernel cannot fill the
- *     GPU either. plan_decode.
+ *     (threadIdx.x is the item of the row, threadIdx.y the row) and at most one angle per thread,
+ *     no loop, no run-time division. Chosen when its grid is at most 2 blocks per SM, where the
+ *     prefill kernel cannot fill the GPU either. plan_decode.
  * Everything a launch needs travels by value in RopeParams (no allocation, no copy, no sync): a
  * call can be captured into a CUDA graph. lmk_cuda_rope plans in named steps: plan_units (VE and
  * layout), plan_geometry (rows, strides, untouched ranges), then per slice of pairs plan_slice,
- * plan_angles (the table), and plan_decode or else plan_tiles (the launch shape).
+ * plan_angles (the angle constants), and plan_decode or else plan_tiles (the launch shape).
  *
  * Precision (lmk.h: f32 within 1e-5 * max(1, m) of float64 for |x| <= 2 and |angle| <= 2^20): the
  * angle is pos * freq in float64 and reduced by k*pi/2 in float64 (exact to ~1e-16 for |theta| <=
@@ -62,42 +65,57 @@
  */
 #include "cuda/cuda_internal.h"
 #include "ops/rope/rope.h"
-#include "ops/rope/rope_common.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
 namespace {
+
+/* Compile-time variants for one timing run (bench/rope_variants.sh builds each with
+ * -DLMK_ROPE_VARIANT=n; docs/cuda_notes.md, version 9, says what each should move). 0, the
+ * default, is the complete implementation; the others each change one thing, and the losers are
+ * removed once measured:
+ *   1 copy batch of 4 items (v8) instead of 5
+ *   2 decode kernel for rows of up to 1024 items, launch bound 1024 (v8: 512)
+ *   3 prefill tiles fitted to whole waves of resident blocks
+ *   4 programmatic dependent launch (sm_90): a launch may start while the previous kernel in the
+ *     stream finishes, and waits for it (griddepcontrol) before its first memory access
+ *   5 prefill blocks of half the items
+ *   6 kernel parameters padded to v8's size (1368 bytes instead of 280) */
+#ifndef LMK_ROPE_VARIANT
+#define LMK_ROPE_VARIANT 0
+#endif
+constexpr int kVariant = LMK_ROPE_VARIANT;
+static_assert(kVariant >= 0 && kVariant <= 6, "unknown LMK_ROPE_VARIANT");
 
 constexpr int kThreads = 256;
 /* Items a thread loads before it stores them, the most that fit 80 registers without spills. Pair
  * items (two units each): 1 in the kernel with copy items (there a block of the model shapes has
  * fewer pair items than threads: Qwen3.5, 224), 4 in the one without (in place, or rope_dim ==
- * head_dim). Copy items: 4 (0.1 had 5, which spilled once in and out rows got their own strides; a
- * Qwen3.5 block has 1344 copy items, so some threads take a second round with 4 or with 5). */
+ * head_dim). Copy items: 5, so a Qwen3.5 block's 1344 copy items are one batch of every thread and
+ * a sixth item for 64 threads (v8's 4 left 320 items to a second round). */
 template <bool COPY> constexpr int kRotBatch = COPY ? 1 : 4;
-constexpr int kCopyBatch = 4;
-constexpr uint32_t kBlockItems = 1024; /* work items a prefill block aims for: 4 per thread */
+constexpr int kCopyBatch = kVariant == 1 ? 4 : 5;
+constexpr uint32_t kBlockItems = kVariant == 5 ? 512 : 1024; /* work items a prefill block aims for */
 /* The small-T kernel: threads a block aims for (whole rows of one token, one item per thread) and
- * the most items per row it takes (one row per block at most). With 1024, ptxas held the kernel to
- * 32 registers and spilled; rows of 512+ units are rare (head_dim >= 512 with narrow units) and the
- * prefill kernel takes them. */
+ * the most items per row it takes (one row per block at most); wider rows (head_dim >= 512 with
+ * narrow units) go to the prefill kernel. */
 constexpr uint32_t kDecThreads = 256;
-constexpr uint32_t kDecMaxItems = 512;
+constexpr uint32_t kDecMaxItems = kVariant == 2 ? 1024 : 512;
 /* Up to this many rows in a launch (T x heads), 2-byte types take 8-byte units instead of 16: then
  * bf16 gets f32's items, threads and blocks at decode (docs/cuda_notes.md, v7). */
 constexpr uint64_t kDecNarrowRows = 64;
-/* The most pairs one launch rotates: the host tabulates their axes and angle factors in the kernel
- * parameters (1.1 KB). rope_dim <= 256 (every model we know) is one launch; beyond, one per slice
- * of kTabPairs pairs. Any multiple of 8 works (a slice must hold whole units of up to 8 pairs). */
-constexpr uint32_t kTabPairs = 128;
-static_assert(kTabPairs % 8 == 0 && kTabPairs <= kThreads, "a slice holds whole units; one table per tile");
-/* Angle tables the host keeps per thread (a model has one or two rope configurations). */
-constexpr int kFreqCache = 4;
+/* The most pairs one launch rotates (a block computes at most kThreads angles, one per thread, and
+ * a tile of one token holds every pair of its slice): rope_dim <= 256, every model we know, is one
+ * launch; beyond, one launch per slice of kSlicePairs pairs. A multiple of 8: a slice holds whole
+ * units of up to 8 pairs. */
+constexpr uint32_t kSlicePairs = 128;
+static_assert(kSlicePairs % 8 == 0 && kSlicePairs <= kThreads, "a slice holds whole units; one angle per thread");
+/* Blocks of the prefill kernel resident per SM: its launch bounds (kThreads, 3). */
+constexpr uint32_t kPrefillBlocksPerSM = 3;
 
 /* The rows and units of a launch (plan_geometry). Byte strides are 64-bit; offsets within a row
  * (ustep_b, stride_b, c1_b, c2_b and everything built from them) fit 32 bits. */
@@ -108,7 +126,7 @@ struct Geom {
     uint64_t in_tok1, in_head1, out_tok1, out_head1;
     uint32_t nh0, rows;              /* heads of q; rows of a token: heads of q + heads of k */
     uint32_t copy0, copy1;           /* tensor j is out of place: copy its untouched elements */
-    uint32_t half;                   /* pairs of this launch's slice (at most kTabPairs) */
+    uint32_t half;                   /* pairs of this launch's slice (at most kSlicePairs) */
     uint32_t npu;                    /* pair units per row in the slice */
     uint32_t pair_b;                 /* byte offset of the slice's first pair unit in a row */
     uint32_t ustep_b;                /* bytes from one pair unit's a vector to the next one's */
@@ -117,14 +135,22 @@ struct Geom {
     uint32_t c1_b, c2_b;             /* copy unit c starts at (c < nc1 ? c1_b : c2_b) + c * NB */
 };
 
-/* The angles of the slice's pairs p0 + i, i < Geom.half (plan_angles): freq[i] is lmk_rope_freq(...,
- * ff = 1) and axis[i] lmk_rope_axis_j's axis of pair p0 + i. */
+/* What the device needs to form the angles of the slice's pairs p0 + i, i < Geom.half (plan_angles):
+ * lmk_rope_axis_j's rule in 32 bits with its sums precomputed, and lmk_rope_freq's factor with
+ * theta_e = exp2(j * log2_step) in float64. All uniform across a warp: every thread reads the same
+ * parameter words, so no read is serialized (a per-pair table in the parameters, v8, is read with
+ * a different address by every thread of a warp). */
 struct AnglePlan {
-    double freq[kTabPairs];
-    unsigned char axis[kTabPairs];
     const float *ff;                 /* freq_factors + p0 (device memory), or NULL */
     const void *pos;
     uint64_t pos_axis_stride;
+    double log2_step;                /* -2 log2(freq_base) / exp_n */
+    double freq_scale, ext_factor;   /* ext_factor 0: no ramp */
+    double ramp_low, ramp_span;      /* span: max(ramp_high - ramp_low, 0.001), as lmk_rope_freq */
+    uint32_t p0;                     /* the slice's first pair */
+    uint32_t sect;                   /* the sections' sum (0 -> 1), capped at 2^32 - 1 */
+    uint32_t lim[3];                 /* IMROPE: 3 s0, 3 s1, 3 s2; MROPE, VISION: s0, s0+s1, s0+s1+s2; capped */
+    int mode;
     int pos_dtype;
     float mscale;
 };
@@ -141,6 +167,9 @@ struct RopeParams {
     Geom g;
     AnglePlan a;
     TilePlan tp;
+#if LMK_ROPE_VARIANT == 6
+    unsigned char pad[1088]; /* variant 6: v8's 1368 bytes of parameters, unread */
+#endif
 };
 static_assert(sizeof(RopeParams) <= 4000, "kernel parameters must stay under the 4 KB limit");
 
@@ -303,14 +332,75 @@ __device__ __forceinline__ float2 rope_cs(double theta)
     return make_float2(cs, sn);
 }
 
-/* The (cos, sin) of the slice's pair i at token t, times m. */
-__device__ __forceinline__ float2 angle_cs(const AnglePlan &a, uint64_t t, uint32_t i)
+/* lmk_rope_axis_j (rope_common.h) for the plan's mode and sections: the position axis of pair p and
+ * through j its exponent index. The same rule in 32 bits with the sums precomputed (plan_angles):
+ * p < 2^31 (a pair of a row of at most 2^32 elements), so capping the sums at 2^32 - 1 changes no
+ * comparison, and no pair of a real model reaches the sections' sum, so the remainder (a ~100-cycle
+ * 64-bit subroutine in the shared version, on the critical path before the position load) is
+ * skipped. Host and device: tested against lmk_rope_axis_j on the host. */
+__host__ __device__ __forceinline__ uint32_t pair_axis(const AnglePlan &a, uint32_t p, uint32_t &j)
 {
-    double freq = a.freq[i];
+    j = p;
+    if (a.mode == LMK_ROPE_NORMAL || a.mode == LMK_ROPE_NEOX)
+        return 0;
+    const uint32_t sector = p < a.sect ? p : p % a.sect;
+    if (a.mode == LMK_ROPE_IMROPE) {
+        const uint32_t r = sector % 3u;
+        const uint32_t lim = r == 0 ? a.lim[0] : r == 1 ? a.lim[1] : a.lim[2]; /* no indexed parameter */
+        return sector < lim ? r : 3u;
+    }
+    const uint32_t axis = sector < a.lim[0] ? 0u : sector < a.lim[1] ? 1u : sector < a.lim[2] ? 2u : 3u;
+    if (a.mode == LMK_ROPE_VISION) /* the exponent restarts in each section */
+        j = sector - (axis == 0 ? 0u : axis == 1 ? a.lim[0] : axis == 2 ? a.lim[1] : a.lim[2]);
+    return axis;
+}
+
+/* lmk_rope_freq(..., p, j, ff = 1) with theta_e = exp2(j * log2_step) instead of pow(freq_base,
+ * -2j / exp_n) (pow is an out-of-line call on the device; the two differ by an ulp or so, ~2e-15
+ * relative: an angle error under 2e-9 rad at |pos| = 2^20). The ramp is lmk_rope_freq's, operation
+ * for operation. */
+__host__ __device__ __forceinline__ double pair_freq(const AnglePlan &a, uint32_t p, uint32_t j)
+{
+    const double e = exp2((double)j * a.log2_step);
+    if (a.ext_factor == 0.0)
+        return e * a.freq_scale;
+    double y = ((double)p - a.ramp_low) / a.ramp_span;
+    y = y < 0.0 ? 0.0 : y > 1.0 ? 1.0 : y;
+    const double ramp = (1.0 - y) * a.ext_factor;
+    return e * a.freq_scale * (1.0 - ramp) + e * ramp;
+}
+
+/* An angle in two halves, so that its loads are issued before the data's and its arithmetic runs
+ * while they are in flight: angle_begin loads the position of the slice's pair i at token t
+ * (lmk_rope_pos's rule: LMK_I64 reads 64 bits, i32 and u32 read 32 bits as i32) and its
+ * freq_factor; angle_end forms the factor (freq_factors divide theta_e, and theta is linear in
+ * theta_e, so dividing the factor equals lmk_rope_freq(ff) up to two float64 roundings) and
+ * returns (cos, sin) times m. Only the loaded values are kept in between (3 registers: the batches
+ * of the prefill kernel are live across them). */
+struct AngleIn {
+    int64_t pos;
+    float ff;
+};
+
+__device__ __forceinline__ AngleIn angle_begin(const AnglePlan &a, uint64_t t, uint32_t i)
+{
+    uint32_t j;
+    const uint64_t at = (uint64_t)pair_axis(a, a.p0 + i, j) * a.pos_axis_stride + t;
+    AngleIn in;
+    in.pos = a.pos_dtype == LMK_I64 ? (int64_t)__ldg((const long long *)a.pos + at)
+                                    : (int64_t)__ldg((const int *)a.pos + at);
+    in.ff = a.ff ? __ldg(a.ff + i) : 1.0f;
+    return in;
+}
+
+__device__ __forceinline__ float2 angle_end(const AnglePlan &a, uint32_t i, const AngleIn &in)
+{
+    uint32_t j;
+    pair_axis(a, a.p0 + i, j);
+    double freq = pair_freq(a, a.p0 + i, j);
     if (a.ff)
-        freq = freq / (double)__ldg(a.ff + i);
-    const double pos = lmk_rope_pos(a.pos, a.pos_dtype, (uint64_t)a.axis[i] * a.pos_axis_stride + t);
-    const float2 cs = rope_cs(pos * freq);
+        freq = freq / (double)in.ff;
+    const float2 cs = rope_cs((double)in.pos * freq);
     return make_float2(cs.x * a.mscale, cs.y * a.mscale);
 }
 
@@ -395,7 +485,7 @@ __device__ __forceinline__ void rotate_store(const Raw<VE * Elem<DT>::size> &ra,
  * two 32-bit words instead of an output pointer and a table index is what keeps the 16-byte
  * kernels within 80 registers now that in and out rows have their own strides (ptxas spilled
  * 24-48 bytes otherwise). tl < 256 and u < 128 (a tile holds at most kThreads angles, a slice at
- * most kTabPairs pairs), so both fit 16 bits. */
+ * most kSlicePairs pairs), so both fit 16 bits. */
 template <int NB, int RB> struct RotBatch {
     Raw<NB> a[RB], b[RB];
     uint32_t r[RB];         /* row; ~0u: no item */
@@ -442,12 +532,25 @@ __device__ __forceinline__ void rot_store(const Geom &g, const RotBatch<VE * Ele
         }
 }
 
-/* One batch of copy items of a thread (out of place): the loaded units and where they go. An item
- * is (token tl, row r_lo + rr, copy unit c), c fastest. */
+/* One batch of copy items of a thread (out of place): the loaded units. Item k of the batch at ci is
+ * ci + k * kThreads, an item is (token tl, row r_lo + rr, copy unit c), c fastest; copy_store finds
+ * each item's address again from its index instead of keeping it (a pointer per item, 10 registers
+ * for the batch of 5, made the 16-byte kernels spill). */
 template <int NB> struct CopyBatch {
     Raw<NB> v[kCopyBatch];
-    unsigned char *dst[kCopyBatch]; /* NULL: no item */
 };
+
+/* Where copy item `item` of the block is read and written (its row's start and the offset in the
+ * row), and whether its tensor is copied. */
+template <int NB>
+__device__ __forceinline__ RowRef copy_at(const Geom &g, uint32_t item, uint32_t nr, uint64_t t0, uint32_t r_lo,
+                                          uint32_t &off)
+{
+    const uint32_t c = item % g.nc, rr = item / g.nc;
+    const uint32_t tl = rr / nr, r = r_lo + (rr - tl * nr);
+    off = (c < g.nc1 ? g.c1_b : g.c2_b) + c * NB;
+    return row_ref(g, t0 + tl, r);
+}
 
 template <int NB>
 __device__ __forceinline__ void copy_load(const Geom &g, CopyBatch<NB> &cb, uint32_t ci, uint32_t n_copy, uint32_t nr,
@@ -456,26 +559,40 @@ __device__ __forceinline__ void copy_load(const Geom &g, CopyBatch<NB> &cb, uint
 #pragma unroll
     for (int k = 0; k < kCopyBatch; k++) {
         const uint32_t item = ci + k * kThreads;
-        cb.dst[k] = nullptr;
         if (item < n_copy) {
-            const uint32_t c = item % g.nc, rr = item / g.nc;
-            const uint32_t tl = rr / nr, r = r_lo + (rr - tl * nr);
-            const RowRef ref = row_ref(g, t0 + tl, r);
-            if (ref.copy) {
-                const uint32_t off = (c < g.nc1 ? g.c1_b : g.c2_b) + c * NB;
+            uint32_t off;
+            const RowRef ref = copy_at<NB>(g, item, nr, t0, r_lo, off);
+            if (ref.copy)
                 cb.v[k] = load<NB>(ref.in + off);
-                cb.dst[k] = ref.out + off;
-            }
         }
     }
 }
 
-template <int NB> __device__ __forceinline__ void copy_store(const CopyBatch<NB> &cb)
+template <int NB>
+__device__ __forceinline__ void copy_store(const Geom &g, const CopyBatch<NB> &cb, uint32_t ci, uint32_t n_copy,
+                                           uint32_t nr, uint64_t t0, uint32_t r_lo)
 {
 #pragma unroll
-    for (int k = 0; k < kCopyBatch; k++)
-        if (cb.dst[k])
-            store<NB>(cb.dst[k], cb.v[k]);
+    for (int k = 0; k < kCopyBatch; k++) {
+        const uint32_t item = ci + k * kThreads;
+        if (item < n_copy) {
+            uint32_t off;
+            const RowRef ref = copy_at<NB>(g, item, nr, t0, r_lo, off);
+            if (ref.copy)
+                store<NB>(ref.out + off, cb.v[k]);
+        }
+    }
+}
+
+/* Variant 4 only (programmatic dependent launch, sm_90): lets the next kernel of the stream start
+ * launching, then waits until the previous one has finished and its writes are visible. Both
+ * kernels call it before their first memory access; elsewhere it is nothing. */
+__device__ __forceinline__ void pdl_enter()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (kVariant == 4)
+        asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;" ::: "memory");
+#endif
 }
 
 /* At most 80 registers, so 3 blocks of 256 threads fit an SM (ptxas -v, sm_90: see
@@ -484,11 +601,12 @@ template <int NB> __device__ __forceinline__ void copy_store(const CopyBatch<NB>
  * loop-carried state. COPY: the launch has copy items (g.nc > 0); without them the copy code is
  * left out and a thread keeps four times as many pair items in flight. The (cos, sin) table is
  * dynamic shared memory of tile_tokens * half entries (at most kThreads: 2 KB).
- * Order within a block: the first batch of pair items and the first batch of copy items are
- * loaded, the angles are computed (one per thread: the host sizes the tile so), the copy items are
- * stored and the rest of them streamed, then the block syncs and rotates. So the angle chain
- * overlaps a memory round trip instead of delaying one. Copy items are dealt from the last thread
- * down, so the first warps, which compute the angles, get the fewest. */
+ * Order within a block: the angles' loads are issued (one angle per thread at most: the host sizes
+ * the tile so), then the first batch of pair items and the first batch of copy items are loaded,
+ * the angles are finished into shared memory, the copy items are stored and the rest of them
+ * streamed, then the block syncs and rotates. So the angle chain overlaps a memory round trip
+ * instead of delaying one. Copy items are dealt from the last thread down, so the first warps,
+ * which compute the angles, get the fewest. */
 template <int DT, int VE, bool IL, bool COPY>
 __global__ void __launch_bounds__(kThreads, 3) rope_multi_kernel(const __grid_constant__ RopeParams p)
 {
@@ -506,7 +624,13 @@ __global__ void __launch_bounds__(kThreads, 3) rope_multi_kernel(const __grid_co
     const uint32_t r_lo = group * tp.rows_per_group;
     const uint32_t nr = min(tp.rows_per_group, g.rows - r_lo);
     const uint32_t n_items = tt * nr * g.npu;
+    pdl_enter();
 
+    const bool angle = threadIdx.x < tt * g.half;
+    const uint32_t a_tl = threadIdx.x / g.half, a_i = threadIdx.x - a_tl * g.half;
+    AngleIn ain{};
+    if (angle)
+        ain = angle_begin(p.a, t0 + a_tl, a_i);
     RotBatch<NB, RB> bt;
     uint32_t i = threadIdx.x;
     rot_load<ES, VE, IL, RB>(g, bt, i, n_items, nr, t0, r_lo);
@@ -515,13 +639,11 @@ __global__ void __launch_bounds__(kThreads, 3) rope_multi_kernel(const __grid_co
     [[maybe_unused]] const uint32_t n_copy = tt * nr * g.nc;
     if constexpr (COPY)
         copy_load<NB>(g, cb, ci, n_copy, nr, t0, r_lo);
-    if (threadIdx.x < tt * g.half) {
-        const uint32_t tl = threadIdx.x / g.half;
-        s_cs[threadIdx.x] = angle_cs(p.a, t0 + tl, threadIdx.x - tl * g.half);
-    }
+    if (angle)
+        s_cs[threadIdx.x] = angle_end(p.a, a_i, ain);
     if constexpr (COPY) {
         for (;;) {
-            copy_store<NB>(cb);
+            copy_store<NB>(g, cb, ci, n_copy, nr, t0, r_lo);
             ci += kCopyBatch * kThreads;
             if (ci >= n_copy)
                 break;
@@ -544,11 +666,12 @@ __global__ void __launch_bounds__(kThreads, 3) rope_multi_kernel(const __grid_co
 
 /* One token per block (blockIdx.x) and a few rows (blockIdx.y * blockDim.y + threadIdx.y), one
  * item per thread (threadIdx.x: [0, npu) pair units, then copy units), no loop over tiles and no
- * run-time division. Each thread issues its loads first (a pair item: its a and b units; a copy
- * item: its unit), the first `half` threads then compute the (cos, sin) of the token's pairs into
- * shared memory (once per block, shared by all its rows of q and k), copy items store, the block
- * syncs, pair items rotate and store. Threads of rows past the last (the last row group) load and
- * store nothing but still reach the barrier. COPY: the launch has copy items (g.nc > 0). */
+ * run-time division. The first `half` threads issue their angle's loads, every thread its data
+ * loads (a pair item: its a and b units; a copy item: its unit), then the first `half` threads
+ * finish the (cos, sin) of the token's pairs into shared memory (once per block, shared by all its
+ * rows of q and k), copy items store, the block syncs, pair items rotate and store. Threads of rows
+ * past the last (the last row group, or rows added so that every pair has a thread: plan_decode)
+ * load and store nothing but still reach the barrier. COPY: the launch has copy items (g.nc > 0). */
 template <int DT, int VE, bool IL, bool COPY>
 __global__ void __launch_bounds__(kDecMaxItems) rope_decode_kernel(const __grid_constant__ RopeParams p)
 {
@@ -567,6 +690,11 @@ __global__ void __launch_bounds__(kDecMaxItems) rope_decode_kernel(const __grid_
     }
     const RowRef ref = row_ref(g, t, live ? r : 0);
     const bool do_copy = COPY && !pair && live && ref.copy;
+    const uint32_t j = threadIdx.y * blockDim.x + x; /* this thread's angle, if j < half */
+    pdl_enter();
+    AngleIn ain{};
+    if (j < g.half)
+        ain = angle_begin(p.a, t, j);
     Raw<NB> a{}, b{};
     if (live && pair) {
         a = load<NB>(ref.in + off);
@@ -575,9 +703,8 @@ __global__ void __launch_bounds__(kDecMaxItems) rope_decode_kernel(const __grid_
     } else if (do_copy) {
         a = load<NB>(ref.in + off);
     }
-    const uint32_t n_threads = blockDim.x * blockDim.y;
-    for (uint32_t j = threadIdx.y * blockDim.x + x; j < g.half; j += n_threads)
-        s_cs[j] = angle_cs(p.a, t, j);
+    if (j < g.half)
+        s_cs[j] = angle_end(p.a, j, ain);
     if (do_copy)
         store<NB>(ref.out + off, a);
     __syncthreads();
@@ -589,22 +716,35 @@ __global__ void __launch_bounds__(kDecMaxItems) rope_decode_kernel(const __grid_
  * Launch: the instantiation for a dtype, unit width and layout.
  * ------------------------------------------------------------------------------------------- */
 
+/* Variant 4 launches with programmatic stream serialization (the kernel then overlaps the previous
+ * one's end and waits for it in pdl_enter); the others launch plainly. */
+cudaError_t start(void (*kernel)(RopeParams), const RopeParams &p, const LaunchPlan &L, cudaStream_t st)
+{
+    if constexpr (kVariant == 4) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = L.blocks;
+        cfg.blockDim = L.threads;
+        cfg.dynamicSmemBytes = L.smem;
+        cfg.stream = st;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        return cudaLaunchKernelEx(&cfg, kernel, p);
+    } else {
+        kernel<<<L.blocks, L.threads, L.smem, st>>>(p);
+        return cudaGetLastError();
+    }
+}
+
 template <int DT, int VE, bool IL>
 cudaError_t launch(const RopeParams &p, const LaunchPlan &L, cudaStream_t st)
 {
     const bool copy = p.g.nc > 0;
-    if (L.decode) {
-        if (copy)
-            rope_decode_kernel<DT, VE, IL, true><<<L.blocks, L.threads, L.smem, st>>>(p);
-        else
-            rope_decode_kernel<DT, VE, IL, false><<<L.blocks, L.threads, L.smem, st>>>(p);
-    } else {
-        if (copy)
-            rope_multi_kernel<DT, VE, IL, true><<<L.blocks, L.threads, L.smem, st>>>(p);
-        else
-            rope_multi_kernel<DT, VE, IL, false><<<L.blocks, L.threads, L.smem, st>>>(p);
-    }
-    return cudaGetLastError();
+    if (L.decode)
+        return start(copy ? rope_decode_kernel<DT, VE, IL, true> : rope_decode_kernel<DT, VE, IL, false>, p, L, st);
+    return start(copy ? rope_multi_kernel<DT, VE, IL, true> : rope_multi_kernel<DT, VE, IL, false>, p, L, st);
 }
 
 /* IL exists only for units of two or more elements (plan_units never asks for it otherwise). */
@@ -759,7 +899,7 @@ lmk_status plan_geometry(const lmk_rope_args *a, uint32_t ve, bool il, Geom *g, 
     return LMK_OK;
 }
 
-/* The slice plan: the pairs [p0, p0 + n) one launch rotates (n <= kTabPairs; both multiples of ppu,
+/* The slice plan: the pairs [p0, p0 + n) one launch rotates (n <= kSlicePairs; both multiples of ppu,
  * the pairs of a unit), and the copy units, which the first launch alone moves. */
 void plan_slice(Geom *g, uint32_t p0, uint32_t n, uint32_t ppu, uint32_t nc_row)
 {
@@ -769,51 +909,24 @@ void plan_slice(Geom *g, uint32_t p0, uint32_t n, uint32_t ppu, uint32_t nc_row)
     g->nc = p0 == 0 ? nc_row : 0;
 }
 
-/* The host's angle tables, one per recent (configuration, slice) of this thread. n == 0: empty. */
-struct FreqTable {
-    int mode;
-    uint32_t sections[4];
-    uint32_t p0, n;    /* pairs [p0, p0 + n) */
-    double key[6];     /* freq_base, exp_n, freq_scale, ext_factor, ramp_low, ramp_high */
-    double freq[kTabPairs];
-    unsigned char axis[kTabPairs];
-};
-thread_local FreqTable t_freq[kFreqCache];
-thread_local unsigned t_freq_next;
-
-/* The table of g's pairs [p0, p0 + n): lmk_rope_axis_j and lmk_rope_freq (ff = 1) of each, from the
- * cache when this thread computed it recently (keys compared bit for bit), else computed (~21 ns of
- * pow() per pair on the dev box, more than the rest of the call for Llama's 64 pairs). */
-const FreqTable &freq_table(const lmk_rope_angle *g, uint32_t p0, uint32_t n)
+/* The angle plan of pairs [p0, p0 + n): the constants of pair_axis and pair_freq, and what the
+ * device needs to finish the angle. One log2 per call; nothing per pair. */
+void plan_angles(const lmk_rope_angle *g, uint32_t p0, AnglePlan *ap)
 {
-    const double key[6] = {g->freq_base, g->exp_n, g->freq_scale, g->ext_factor, g->ramp_low, g->ramp_high};
-    for (int i = 0; i < kFreqCache; i++) {
-        const FreqTable &tb = t_freq[i];
-        if (tb.n == n && tb.p0 == p0 && tb.mode == (int)g->mode &&
-            memcmp(tb.sections, g->sections, sizeof tb.sections) == 0 && memcmp(tb.key, key, sizeof key) == 0)
-            return tb;
-    }
-    FreqTable &tb = t_freq[t_freq_next++ % kFreqCache];
-    tb.mode = (int)g->mode;
-    memcpy(tb.sections, g->sections, sizeof tb.sections);
-    memcpy(tb.key, key, sizeof key);
-    tb.p0 = p0;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t j;
-        tb.axis[i] = (unsigned char)lmk_rope_axis_j((int)g->mode, g->sections, p0 + i, &j);
-        tb.freq[i] = lmk_rope_freq(g->freq_base, g->exp_n, g->freq_scale, g->ext_factor, g->ramp_low, g->ramp_high,
-                                   p0 + i, j, 1.0);
-    }
-    tb.n = n;
-    return tb;
-}
-
-/* The angle plan of pairs [p0, p0 + n): the table, and what the device needs to finish the angle. */
-void plan_angles(const lmk_rope_angle *g, uint32_t p0, uint32_t n, AnglePlan *ap)
-{
-    const FreqTable &tb = freq_table(g, p0, n);
-    memcpy(ap->freq, tb.freq, n * sizeof(double));
-    memcpy(ap->axis, tb.axis, n);
+    const uint64_t s0 = g->sections[0], s1 = g->sections[1], s2 = g->sections[2], s3 = g->sections[3];
+    const uint64_t sect = s0 + s1 + s2 + s3, cap = 0xffffffffu;
+    const bool im = g->mode == LMK_ROPE_IMROPE;
+    const uint64_t lim[3] = {im ? 3 * s0 : s0, im ? 3 * s1 : s0 + s1, im ? 3 * s2 : s0 + s1 + s2};
+    ap->sect = sect == 0 ? 1 : (uint32_t)(sect < cap ? sect : cap);
+    for (int i = 0; i < 3; i++)
+        ap->lim[i] = (uint32_t)(lim[i] < cap ? lim[i] : cap);
+    ap->mode = (int)g->mode;
+    ap->p0 = p0;
+    ap->log2_step = -2.0 * log2(g->freq_base) / g->exp_n;
+    ap->freq_scale = g->freq_scale;
+    ap->ext_factor = g->ext_factor;
+    ap->ramp_low = g->ramp_low;
+    ap->ramp_span = g->ramp_high - g->ramp_low > 0.001 ? g->ramp_high - g->ramp_low : 0.001;
     ap->ff = g->freq_factors ? g->freq_factors + p0 : NULL;
     ap->pos = g->positions;
     ap->pos_axis_stride = g->pos_axis_stride;
@@ -822,7 +935,8 @@ void plan_angles(const lmk_rope_angle *g, uint32_t p0, uint32_t n, AnglePlan *ap
 }
 
 /* The decode plan, when it applies: blockDim (items per row, rows per block) with the rows
- * balanced over the groups, a grid of (tokens, groups) of at most 2 blocks per SM. */
+ * balanced over the groups and at least `half` threads (one angle each), a grid of (tokens,
+ * groups) of at most 2 blocks per SM. */
 bool plan_decode(const Geom &g, uint64_t seq, int sm_count, LaunchPlan *L)
 {
     const uint64_t ipr = (uint64_t)g.npu + g.nc; /* items per row */
@@ -834,11 +948,31 @@ bool plan_decode(const Geom &g, uint64_t seq, int sm_count, LaunchPlan *L)
     if (seq * groups > 2 * (uint64_t)sm_count)
         return false;
     rpb = ceil_div(g.rows, groups);
+    /* One angle per thread: rows past the last (idle but for their angle) until there are `half`
+     * threads. At most ceil(half / ipr) rows of fewer than half items: under 2 * kSlicePairs threads. */
+    const uint64_t rpb_angles = ceil_div(g.half, ipr);
+    rpb = rpb < rpb_angles ? rpb_angles : rpb;
     L->decode = true;
     L->blocks = dim3((unsigned)seq, (unsigned)groups, 1);
     L->threads = dim3((unsigned)ipr, (unsigned)rpb, 1);
     L->smem = (size_t)g.half * sizeof(float2);
     return true;
+}
+
+/* Variant 3: the tile of [tile / 2, tile] tokens whose blocks fill the last wave of resident
+ * blocks best (a wave is kPrefillBlocksPerSM blocks per SM; ties go to the larger tile). */
+uint64_t fit_waves(uint64_t seq, uint64_t tile, int sm_count)
+{
+    const uint64_t resident = (uint64_t)kPrefillBlocksPerSM * (uint64_t)sm_count;
+    uint64_t best = tile;
+    double best_fill = 0.0;
+    for (uint64_t t = tile; t >= 1 && 2 * t >= tile; t--) {
+        const uint64_t blocks = ceil_div(seq, t);
+        const double fill = (double)blocks / (double)(ceil_div(blocks, resident) * resident);
+        if (fill > best_fill + 1e-9)
+            best = t, best_fill = fill;
+    }
+    return best;
 }
 
 /* The tile plan of the prefill kernel. A block's items are tile_tokens * rows_per_group * units; a
@@ -851,12 +985,14 @@ void plan_tiles(const Geom &g, uint64_t seq, int sm_count, TilePlan *tp, LaunchP
     const uint64_t units = (uint64_t)g.npu + g.nc, per_token = (uint64_t)g.rows * units;
     /* With copy items, ~kBlockItems per block (rounded up); without, at most what one batch of
      * every thread holds (rounded down), so each thread loads all its items before the barrier. */
-    uint64_t tile = g.nc ? ceil_div(kBlockItems, per_token) : (uint64_t)kRotBatch<false> * kThreads / per_token;
-    /* One angle per thread at most (the position loads of a second would wait behind the first;
-     * the kernel computes exactly one): half <= kTabPairs <= kThreads. */
+    const uint64_t batch_items = (uint64_t)kRotBatch<false> * kThreads / (kVariant == 5 ? 2 : 1);
+    uint64_t tile = g.nc ? ceil_div(kBlockItems, per_token) : batch_items / per_token;
+    /* One angle per thread at most (the kernel computes exactly one): half <= kSlicePairs <= kThreads. */
     const uint64_t tile_max = kThreads / g.half;
     tile = tile < 1 ? 1 : tile > tile_max ? tile_max : tile;
     tile = tile > seq ? seq : tile;
+    if (kVariant == 3 && ceil_div(seq, tile) >= 2 * (uint64_t)sm_count)
+        tile = fit_waves(seq, tile, sm_count);
     const uint64_t tiles = ceil_div(seq, tile);
     uint64_t groups = ceil_div(tile * per_token, (uint64_t)1 << 30);
     if (tiles < 2 * (uint64_t)sm_count) {
@@ -878,7 +1014,7 @@ void plan_tiles(const Geom &g, uint64_t seq, int sm_count, TilePlan *tp, LaunchP
 
 } /* namespace */
 
-/* One launch per slice of kTabPairs pairs (one for rope_dim <= 256), each planned from scratch:
+/* One launch per slice of kSlicePairs pairs (one for rope_dim <= 256), each planned from scratch:
  * every launch is a pure function of its parameters, so slices never depend on each other. */
 lmk_status lmk_cuda_rope(lmk_stream *s, const void *args)
 {
@@ -892,10 +1028,10 @@ lmk_status lmk_cuda_rope(lmk_stream *s, const void *args)
     RopeParams p{};
     uint32_t nc_row;
     st = plan_geometry(a, ve, il, &p.g, &nc_row);
-    for (uint32_t p0 = 0; st == LMK_OK && p0 < half; p0 += kTabPairs) {
-        const uint32_t n = half - p0 < kTabPairs ? half - p0 : kTabPairs;
+    for (uint32_t p0 = 0; st == LMK_OK && p0 < half; p0 += kSlicePairs) {
+        const uint32_t n = half - p0 < kSlicePairs ? half - p0 : kSlicePairs;
         plan_slice(&p.g, p0, n, ppu, nc_row);
-        plan_angles(&a->angle, p0, n, &p.a);
+        plan_angles(&a->angle, p0, &p.a);
         LaunchPlan L;
         if (!plan_decode(p.g, a->seq_len, d->sm_count, &L))
             plan_tiles(p.g, a->seq_len, d->sm_count, &p.tp, &L);
