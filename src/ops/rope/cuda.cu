@@ -25,13 +25,13 @@
  * Angles. theta(token, pair) = position * freq(pair); m (attn_factor, or YaRN's m) is folded into
  * the shared table's cos and sin, so copies never see it, and m = 1 multiplies by 1.0f, which
  * changes no bit. Each angle is formed on the device from a few uniform kernel parameters
- * (plan_angles): the pair's position axis and exponent index by rope_common.h's lmk_rope_axis_j
- * rule, restated in 32 bits with its sums precomputed (pair_axis), and its factor by lmk_rope_freq's
- * formula with theta_e = exp2(j * log2_step) in float64 (pair_freq; pow() is an out-of-line call
- * on the device). Both are __host__ __device__ and were checked against rope_common.h on the host
- * (docs/cuda_notes.md, version 9). v8 tabulated them per pair on the host and passed the table in
- * the parameters (1.4 KB); every thread of a warp then read a different parameter word, and
- * constant-bank reads of different addresses are serialized. A launch rotates at most kSlicePairs
+ * (plan_angles): the pair's position axis and exponent index by rope_common.h's rule itself
+ * (lmk_rope_axis_at, its sums taken once on the host by lmk_rope_axes_of: no copy of the rule
+ * here), and its factor by lmk_rope_freq's formula with theta_e = exp2(j * log2_step) in float64
+ * (pair_freq; pow() is an out-of-line call on the device), checked against lmk_rope_freq on the
+ * host (docs/cuda_notes.md, version 9). v8 tabulated both per pair on the host and passed the table
+ * in the parameters (1.4 KB); run 10 measured it against this form and found no gain that the
+ * table itself explains (docs/cuda_notes.md). A launch rotates at most kSlicePairs
  * = 128 pairs: rope_dim <= 256 (every model we know) is one launch, a larger one takes a launch per
  * slice of 128 pairs, each rotating its own pairs (the first also copies the untouched elements).
  * freq_factors live in device memory, which the host cannot read without a sync: the device
@@ -52,6 +52,9 @@
  *     (threadIdx.x is the item of the row, threadIdx.y the row) and at most one angle per thread,
  *     no loop, no run-time division. Chosen when its grid is at most 2 blocks per SM, where the
  *     prefill kernel cannot fill the GPU either. plan_decode.
+ * On sm_90 and later both launch with programmatic dependent launch (pdl_enter, pdl_on): a launch
+ * may start while the previous kernel of the stream finishes and waits for it before its first
+ * memory access (run 10: decode 2.1 -> 1.4 us per call in a graph; prefill equal or better).
  * Everything a launch needs travels by value in RopeParams (no allocation, no copy, no sync): a
  * call can be captured into a CUDA graph. lmk_cuda_rope plans in named steps: plan_units (VE and
  * layout), plan_geometry (rows, strides, untouched ranges), then per slice of pairs plan_slice,
@@ -65,31 +68,16 @@
  */
 #include "cuda/cuda_internal.h"
 #include "ops/rope/rope.h"
+#include "ops/rope/rope_common.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <atomic>
 #include <math.h>
 #include <stdint.h>
 
 namespace {
-
-/* Compile-time variants for one timing run (bench/rope_variants.sh builds each with
- * -DLMK_ROPE_VARIANT=n; docs/cuda_notes.md, version 9, says what each should move). 0, the
- * default, is the complete implementation; the others each change one thing, and the losers are
- * removed once measured:
- *   1 copy batch of 4 items (v8) instead of 5
- *   2 decode kernel for rows of up to 1024 items, launch bound 1024 (v8: 512)
- *   3 prefill tiles fitted to whole waves of resident blocks
- *   4 programmatic dependent launch (sm_90): a launch may start while the previous kernel in the
- *     stream finishes, and waits for it (griddepcontrol) before its first memory access
- *   5 prefill blocks of half the items
- *   6 kernel parameters padded to v8's size (1368 bytes instead of 280) */
-#ifndef LMK_ROPE_VARIANT
-#define LMK_ROPE_VARIANT 0
-#endif
-constexpr int kVariant = LMK_ROPE_VARIANT;
-static_assert(kVariant >= 0 && kVariant <= 6, "unknown LMK_ROPE_VARIANT");
 
 constexpr int kThreads = 256;
 /* Items a thread loads before it stores them, the most that fit 80 registers without spills. Pair
@@ -98,13 +86,13 @@ constexpr int kThreads = 256;
  * head_dim). Copy items: 5, so a Qwen3.5 block's 1344 copy items are one batch of every thread and
  * a sixth item for 64 threads (v8's 4 left 320 items to a second round). */
 template <bool COPY> constexpr int kRotBatch = COPY ? 1 : 4;
-constexpr int kCopyBatch = kVariant == 1 ? 4 : 5;
-constexpr uint32_t kBlockItems = kVariant == 5 ? 512 : 1024; /* work items a prefill block aims for */
+constexpr int kCopyBatch = 5;
+constexpr uint32_t kBlockItems = 1024; /* work items a prefill block aims for */
 /* The small-T kernel: threads a block aims for (whole rows of one token, one item per thread) and
  * the most items per row it takes (one row per block at most); wider rows (head_dim >= 512 with
  * narrow units) go to the prefill kernel. */
 constexpr uint32_t kDecThreads = 256;
-constexpr uint32_t kDecMaxItems = kVariant == 2 ? 1024 : 512;
+constexpr uint32_t kDecMaxItems = 512;
 /* Up to this many rows in a launch (T x heads), 2-byte types take 8-byte units instead of 16: then
  * bf16 gets f32's items, threads and blocks at decode (docs/cuda_notes.md, v7). */
 constexpr uint64_t kDecNarrowRows = 64;
@@ -114,7 +102,7 @@ constexpr uint64_t kDecNarrowRows = 64;
  * units of up to 8 pairs. */
 constexpr uint32_t kSlicePairs = 128;
 static_assert(kSlicePairs % 8 == 0 && kSlicePairs <= kThreads, "a slice holds whole units; one angle per thread");
-/* Blocks of the prefill kernel resident per SM: its launch bounds (kThreads, 3). */
+/* Blocks of the prefill kernel resident per SM (its launch bounds): 80 registers a thread. */
 constexpr uint32_t kPrefillBlocksPerSM = 3;
 
 /* The rows and units of a launch (plan_geometry). Byte strides are 64-bit; offsets within a row
@@ -136,10 +124,10 @@ struct Geom {
 };
 
 /* What the device needs to form the angles of the slice's pairs p0 + i, i < Geom.half (plan_angles):
- * lmk_rope_axis_j's rule in 32 bits with its sums precomputed, and lmk_rope_freq's factor with
- * theta_e = exp2(j * log2_step) in float64. All uniform across a warp: every thread reads the same
- * parameter words, so no read is serialized (a per-pair table in the parameters, v8, is read with
- * a different address by every thread of a warp). */
+ * rope_common.h's axis rule with its sums taken on the host (lmk_rope_axes), and lmk_rope_freq's
+ * factor with theta_e = exp2(j * log2_step) in float64. All uniform across a warp: every thread
+ * reads the same parameter words, so no read is serialized (a per-pair table in the parameters,
+ * v8, is read with a different address by every thread of a warp). */
 struct AnglePlan {
     const float *ff;                 /* freq_factors + p0 (device memory), or NULL */
     const void *pos;
@@ -147,10 +135,8 @@ struct AnglePlan {
     double log2_step;                /* -2 log2(freq_base) / exp_n */
     double freq_scale, ext_factor;   /* ext_factor 0: no ramp */
     double ramp_low, ramp_span;      /* span: max(ramp_high - ramp_low, 0.001), as lmk_rope_freq */
+    lmk_rope_axes axes;              /* lmk_rope_axes_of(mode, sections) */
     uint32_t p0;                     /* the slice's first pair */
-    uint32_t sect;                   /* the sections' sum (0 -> 1), capped at 2^32 - 1 */
-    uint32_t lim[3];                 /* IMROPE: 3 s0, 3 s1, 3 s2; MROPE, VISION: s0, s0+s1, s0+s1+s2; capped */
-    int mode;
     int pos_dtype;
     float mscale;
 };
@@ -167,15 +153,13 @@ struct RopeParams {
     Geom g;
     AnglePlan a;
     TilePlan tp;
-#if LMK_ROPE_VARIANT == 6
-    unsigned char pad[1088]; /* variant 6: v8's 1368 bytes of parameters, unread */
-#endif
 };
 static_assert(sizeof(RopeParams) <= 4000, "kernel parameters must stay under the 4 KB limit");
 
 /* How a launch is shaped. */
 struct LaunchPlan {
     bool decode;
+    bool pdl;                        /* programmatic stream serialization (pdl_on) */
     dim3 blocks, threads;
     size_t smem;
 };
@@ -332,29 +316,6 @@ __device__ __forceinline__ float2 rope_cs(double theta)
     return make_float2(cs, sn);
 }
 
-/* lmk_rope_axis_j (rope_common.h) for the plan's mode and sections: the position axis of pair p and
- * through j its exponent index. The same rule in 32 bits with the sums precomputed (plan_angles):
- * p < 2^31 (a pair of a row of at most 2^32 elements), so capping the sums at 2^32 - 1 changes no
- * comparison, and no pair of a real model reaches the sections' sum, so the remainder (a ~100-cycle
- * 64-bit subroutine in the shared version, on the critical path before the position load) is
- * skipped. Host and device: tested against lmk_rope_axis_j on the host. */
-__host__ __device__ __forceinline__ uint32_t pair_axis(const AnglePlan &a, uint32_t p, uint32_t &j)
-{
-    j = p;
-    if (a.mode == LMK_ROPE_NORMAL || a.mode == LMK_ROPE_NEOX)
-        return 0;
-    const uint32_t sector = p < a.sect ? p : p % a.sect;
-    if (a.mode == LMK_ROPE_IMROPE) {
-        const uint32_t r = sector % 3u;
-        const uint32_t lim = r == 0 ? a.lim[0] : r == 1 ? a.lim[1] : a.lim[2]; /* no indexed parameter */
-        return sector < lim ? r : 3u;
-    }
-    const uint32_t axis = sector < a.lim[0] ? 0u : sector < a.lim[1] ? 1u : sector < a.lim[2] ? 2u : 3u;
-    if (a.mode == LMK_ROPE_VISION) /* the exponent restarts in each section */
-        j = sector - (axis == 0 ? 0u : axis == 1 ? a.lim[0] : axis == 2 ? a.lim[1] : a.lim[2]);
-    return axis;
-}
-
 /* lmk_rope_freq(..., p, j, ff = 1) with theta_e = exp2(j * log2_step) instead of pow(freq_base,
  * -2j / exp_n) (pow is an out-of-line call on the device; the two differ by an ulp or so, ~2e-15
  * relative: an angle error under 2e-9 rad at |pos| = 2^20). The ramp is lmk_rope_freq's, operation
@@ -385,7 +346,7 @@ struct AngleIn {
 __device__ __forceinline__ AngleIn angle_begin(const AnglePlan &a, uint64_t t, uint32_t i)
 {
     uint32_t j;
-    const uint64_t at = (uint64_t)pair_axis(a, a.p0 + i, j) * a.pos_axis_stride + t;
+    const uint64_t at = (uint64_t)lmk_rope_axis_at(&a.axes, a.p0 + i, &j) * a.pos_axis_stride + t;
     AngleIn in;
     in.pos = a.pos_dtype == LMK_I64 ? (int64_t)__ldg((const long long *)a.pos + at)
                                     : (int64_t)__ldg((const int *)a.pos + at);
@@ -396,7 +357,7 @@ __device__ __forceinline__ AngleIn angle_begin(const AnglePlan &a, uint64_t t, u
 __device__ __forceinline__ float2 angle_end(const AnglePlan &a, uint32_t i, const AngleIn &in)
 {
     uint32_t j;
-    pair_axis(a, a.p0 + i, j);
+    (void)lmk_rope_axis_at(&a.axes, a.p0 + i, &j);
     double freq = pair_freq(a, a.p0 + i, j);
     if (a.ff)
         freq = freq / (double)in.ff;
@@ -584,14 +545,20 @@ __device__ __forceinline__ void copy_store(const Geom &g, const CopyBatch<NB> &c
     }
 }
 
-/* Variant 4 only (programmatic dependent launch, sm_90): lets the next kernel of the stream start
- * launching, then waits until the previous one has finished and its writes are visible. Both
- * kernels call it before their first memory access; elsewhere it is nothing. */
+/* Programmatic dependent launch (sm_90 and later): where the host launches with programmatic
+ * stream serialization (pdl_on), a launch may start while the previous kernel of the stream is
+ * still finishing. Both kernels call this before their first global memory access, read or write
+ * (a write must not land under a previous kernel still reading that buffer): wait blocks until
+ * every prerequisite grid has completed and its writes are visible, so the early start moves only
+ * the launch and the index arithmetic that precede it. Without a programmatic prerequisite (a
+ * plain launch, the first in a stream, a launch after a copy or an event) it returns at once.
+ * launch_dependents lets the next kernel of the stream start early if it opted in likewise, which
+ * obliges it to wait the same way before reading our output; placed first, as measured (run 10).
+ * Code for sm_80 has no such instruction, and the host then never sets the attribute (pdl_on). */
 __device__ __forceinline__ void pdl_enter()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if constexpr (kVariant == 4)
-        asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;" ::: "memory");
 #endif
 }
 
@@ -608,7 +575,7 @@ __device__ __forceinline__ void pdl_enter()
  * instead of delaying one. Copy items are dealt from the last thread down, so the first warps,
  * which compute the angles, get the fewest. */
 template <int DT, int VE, bool IL, bool COPY>
-__global__ void __launch_bounds__(kThreads, 3) rope_multi_kernel(const __grid_constant__ RopeParams p)
+__global__ void __launch_bounds__(kThreads, kPrefillBlocksPerSM) rope_multi_kernel(const __grid_constant__ RopeParams p)
 {
     constexpr int ES = Elem<DT>::size, NB = VE * ES, RB = kRotBatch<COPY>;
     extern __shared__ __align__(16) float2 s_cs[];
@@ -716,26 +683,49 @@ __global__ void __launch_bounds__(kDecMaxItems) rope_decode_kernel(const __grid_
  * Launch: the instantiation for a dtype, unit width and layout.
  * ------------------------------------------------------------------------------------------- */
 
-/* Variant 4 launches with programmatic stream serialization (the kernel then overlaps the previous
- * one's end and waits for it in pdl_enter); the others launch plainly. */
+/* Whether launches on device `ordinal` use programmatic stream serialization: the device is sm_90
+ * or later, and the code it runs of these kernels comes from compute_90 or later PTX, so it holds
+ * pdl_enter's wait (a build for sm_80 alone, JIT-compiled on an H100, has none and must not start
+ * early). Asked once per ordinal and cached: the preload asks at device open, outside any capture;
+ * an ordinal past kPdlOrdinals, or a failed query, gets plain launches, which are always correct. */
+constexpr int kPdlOrdinals = 64;
+std::atomic<int> g_pdl[kPdlOrdinals]; /* 0 not asked yet, 1 plain, 2 programmatic */
+
+bool pdl_on(int ordinal)
+{
+    if (ordinal < 0 || ordinal >= kPdlOrdinals)
+        return false;
+    int v = g_pdl[ordinal].load(std::memory_order_relaxed);
+    if (v == 0) {
+        int major = 0;
+        cudaFuncAttributes fa;
+        const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal) == cudaSuccess &&
+                        cudaFuncGetAttributes(&fa, rope_decode_kernel<LMK_F32, 4, false, true>) == cudaSuccess;
+        if (!ok)
+            (void)cudaGetLastError(); /* the failed query is no launch error: the launch check must not see it */
+        v = ok && major >= 9 && fa.ptxVersion >= 90 ? 2 : 1;
+        g_pdl[ordinal].store(v, std::memory_order_relaxed);
+    }
+    return v == 2;
+}
+
+/* One launch, with the programmatic serialization attribute when L.pdl (then it may overlap the
+ * previous kernel's end, and pdl_enter orders it). Inside a stream capture the attribute becomes a
+ * programmatic edge of the graph between kernel nodes: the graph keeps one node per launch and the
+ * same ordering at replay. */
 cudaError_t start(void (*kernel)(RopeParams), const RopeParams &p, const LaunchPlan &L, cudaStream_t st)
 {
-    if constexpr (kVariant == 4) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = L.blocks;
-        cfg.blockDim = L.threads;
-        cfg.dynamicSmemBytes = L.smem;
-        cfg.stream = st;
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        return cudaLaunchKernelEx(&cfg, kernel, p);
-    } else {
-        kernel<<<L.blocks, L.threads, L.smem, st>>>(p);
-        return cudaGetLastError();
-    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = L.blocks;
+    cfg.blockDim = L.threads;
+    cfg.dynamicSmemBytes = L.smem;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = L.pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
 template <int DT, int VE, bool IL>
@@ -909,18 +899,11 @@ void plan_slice(Geom *g, uint32_t p0, uint32_t n, uint32_t ppu, uint32_t nc_row)
     g->nc = p0 == 0 ? nc_row : 0;
 }
 
-/* The angle plan of pairs [p0, p0 + n): the constants of pair_axis and pair_freq, and what the
+/* The angle plan of pairs [p0, p0 + n): the constants of lmk_rope_axis_at and pair_freq, and what the
  * device needs to finish the angle. One log2 per call; nothing per pair. */
 void plan_angles(const lmk_rope_angle *g, uint32_t p0, AnglePlan *ap)
 {
-    const uint64_t s0 = g->sections[0], s1 = g->sections[1], s2 = g->sections[2], s3 = g->sections[3];
-    const uint64_t sect = s0 + s1 + s2 + s3, cap = 0xffffffffu;
-    const bool im = g->mode == LMK_ROPE_IMROPE;
-    const uint64_t lim[3] = {im ? 3 * s0 : s0, im ? 3 * s1 : s0 + s1, im ? 3 * s2 : s0 + s1 + s2};
-    ap->sect = sect == 0 ? 1 : (uint32_t)(sect < cap ? sect : cap);
-    for (int i = 0; i < 3; i++)
-        ap->lim[i] = (uint32_t)(lim[i] < cap ? lim[i] : cap);
-    ap->mode = (int)g->mode;
+    ap->axes = lmk_rope_axes_of((int)g->mode, g->sections);
     ap->p0 = p0;
     ap->log2_step = -2.0 * log2(g->freq_base) / g->exp_n;
     ap->freq_scale = g->freq_scale;
@@ -959,22 +942,6 @@ bool plan_decode(const Geom &g, uint64_t seq, int sm_count, LaunchPlan *L)
     return true;
 }
 
-/* Variant 3: the tile of [tile / 2, tile] tokens whose blocks fill the last wave of resident
- * blocks best (a wave is kPrefillBlocksPerSM blocks per SM; ties go to the larger tile). */
-uint64_t fit_waves(uint64_t seq, uint64_t tile, int sm_count)
-{
-    const uint64_t resident = (uint64_t)kPrefillBlocksPerSM * (uint64_t)sm_count;
-    uint64_t best = tile;
-    double best_fill = 0.0;
-    for (uint64_t t = tile; t >= 1 && 2 * t >= tile; t--) {
-        const uint64_t blocks = ceil_div(seq, t);
-        const double fill = (double)blocks / (double)(ceil_div(blocks, resident) * resident);
-        if (fill > best_fill + 1e-9)
-            best = t, best_fill = fill;
-    }
-    return best;
-}
-
 /* The tile plan of the prefill kernel. A block's items are tile_tokens * rows_per_group * units; a
  * tile holds ~kBlockItems of them (a few per thread, fine-grained enough to balance the SMs). Groups
  * > 1 only when the tiles alone cannot occupy the GPU: then ~one item per thread. Items per block
@@ -985,14 +952,12 @@ void plan_tiles(const Geom &g, uint64_t seq, int sm_count, TilePlan *tp, LaunchP
     const uint64_t units = (uint64_t)g.npu + g.nc, per_token = (uint64_t)g.rows * units;
     /* With copy items, ~kBlockItems per block (rounded up); without, at most what one batch of
      * every thread holds (rounded down), so each thread loads all its items before the barrier. */
-    const uint64_t batch_items = (uint64_t)kRotBatch<false> * kThreads / (kVariant == 5 ? 2 : 1);
+    const uint64_t batch_items = (uint64_t)kRotBatch<false> * kThreads;
     uint64_t tile = g.nc ? ceil_div(kBlockItems, per_token) : batch_items / per_token;
     /* One angle per thread at most (the kernel computes exactly one): half <= kSlicePairs <= kThreads. */
     const uint64_t tile_max = kThreads / g.half;
     tile = tile < 1 ? 1 : tile > tile_max ? tile_max : tile;
     tile = tile > seq ? seq : tile;
-    if (kVariant == 3 && ceil_div(seq, tile) >= 2 * (uint64_t)sm_count)
-        tile = fit_waves(seq, tile, sm_count);
     const uint64_t tiles = ceil_div(seq, tile);
     uint64_t groups = ceil_div(tile * per_token, (uint64_t)1 << 30);
     if (tiles < 2 * (uint64_t)sm_count) {
@@ -1023,6 +988,7 @@ lmk_status lmk_cuda_rope(lmk_stream *s, const void *args)
     lmk_status st = lmk_cuda_use(d->ordinal, "rope: cudaSetDevice");
     if (st != LMK_OK)
         return st;
+    const bool pdl = pdl_on(d->ordinal);
     bool il;
     const uint32_t ve = plan_units(a, &il), ppu = il ? ve / 2 : ve, half = a->rope_dim / 2;
     RopeParams p{};
@@ -1035,6 +1001,7 @@ lmk_status lmk_cuda_rope(lmk_stream *s, const void *args)
         LaunchPlan L;
         if (!plan_decode(p.g, a->seq_len, d->sm_count, &L))
             plan_tiles(p.g, a->seq_len, d->sm_count, &p.tp, &L);
+        L.pdl = pdl;
         const cudaError_t e = launch_dtype(a->dtype, ve, il, p, L, lmk_cuda_stream_of(s));
         if (e != cudaSuccess)
             st = lmk_cuda_fail(e, "rope: kernel launch");
@@ -1048,5 +1015,12 @@ cudaError_t lmk_cuda_rope_preload(void)
     preload_dtype<LMK_F32>(&first);
     preload_dtype<LMK_BF16>(&first);
     preload_dtype<LMK_F16>(&first);
+    int ordinal = -1;
+    if (first == cudaSuccess) { /* cached now, so no launch (captured or not) makes the queries */
+        if (cudaGetDevice(&ordinal) == cudaSuccess)
+            (void)pdl_on(ordinal);
+        else
+            (void)cudaGetLastError();
+    }
     return first;
 }
