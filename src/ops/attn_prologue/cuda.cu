@@ -1,25 +1,59 @@
 /*
- * cuda.cu - the CUDA kernel of attn_prologue (per-head RMSNorm + rope + KV-cache write) and its
- * launcher.
+ * cuda.cu - the CUDA kernel of attn_prologue (lmk.h "attn_prologue": per-head RMSNorm and rope of q
+ * and k, the KV-cache write) and its launch planning. docs/cuda_notes.md ("attn_prologue") has the
+ * reasoning and the predictions; this comment is the design.
  *
- * One block handles one token (a grid-stride loop over tokens) and a group of its rows: the q
- * heads, then the k heads, then the v heads (v rows are plain copies into the cache). The block
- * first fills a shared table with the (cos, sin) of every rotated pair of its token (float64 angle
- * from rope_common.h's rules, the same as lmk_rope's), then each warp takes whole rows:
- *   1. the lanes load the row in units of VE elements (16 bytes when the shape, strides and
- *      addresses allow), widen to f32, keep the sum of squares, and stage the values in shared
- *      memory (one row buffer per warp);
- *   2. a warp reduction gives the norm factor; the staged values are normed in place;
- *   3. each lane produces its own units: rotated elements from the staged pair (a, b), others the
- *      normed value, or the input's own bits when there is no norm (bit-exact copies, NaN payloads
- *      included), and stores them to every destination of the row: q_out; k_out and the k cache row
- *      of the token's slot (f8 caches quantised from the f32 value with lmk_f8e4m3_from_f32_bits,
- *      the host's own rounding).
- * A lane owns the same units in steps 1 and 3, so in place (out == in) a lane only overwrites what
- * it alone has read. Rows per block: all rows of the token when there are enough tokens to fill the
- * GPU (prefill); one row per warp otherwise (decode), so that a T=1 call spreads over several SMs.
- * Limits: head_dim and Dv up to 4096 (a warp's row buffer and the angle table live in 48 KB of
- * shared memory; past head_dim 1280 a block has fewer than 8 warps).
+ * Rows and items. A row is one (token, head) vector: a q row (head_dim elements: normed, rotated,
+ * to q_out), a k row (the same, to k_out and/or the k cache row of the token's slot) or a v row (Dv
+ * elements, copied or quantised to the v cache row). Rows are cut into units of VE elements: 16
+ * bytes when that divides head_dim, Dv and the pair layout's boundaries and every base address and
+ * every byte stride that multiplies a nonzero index (an f8 cache's at one byte per element), else
+ * one element (plan_units; 8- and 4-byte units are not instantiated). Units form items:
+ *   - pair items (q, k): the a and b units of VE rotated pairs (half-split layouts: a at i*VE, b
+ *     pair_stride elements on), or one unit of VE/2 whole pairs (NORMAL, "il"); NORMAL left with
+ *     one-element units runs half-split with a at 2i and b at 2i + 1, as rope's kernels do;
+ *   - copy items: untouched units c and c + nch (nch = half the row's copy units, rounded up), so
+ *     that a team's lanes read contiguous units in both of their loads. v rows are copy items only.
+ * A team of L lanes (a power of two <= 32) owns a row: lane l holds items l and l + L (16-byte
+ * units, U = 2: 64 bytes in flight) or l, l + L, l + 2L, l + 3L (one-element units, U = 4) as raw
+ * words in registers (plan_team). Lanes exchange nothing but the sum of squares (a butterfly of
+ * shuffles within the team), so every element is read and written by one lane: in place (out ==
+ * in) is safe by construction, and copies without a norm are the input's raw words, bit-exact (NaN
+ * payloads included). A row longer than L*U items (head_dim > 2048 bf16 or 1024 f32 with 16-byte
+ * units, > 256 with one-element units) is processed in chunks of L*U items, in two passes: the
+ * sums of squares, then the chunks reloaded (the CHUNK instantiation; its loop costs registers the
+ * others do not pay).
+ *
+ * Per element, in f32 with no rounding between norm and rope (lmk.h): x = widen(in); with a norm,
+ * x = x * r * (w + weight_offset), r = rsqrt(sum(x^2) / D + eps) from the team's f32 sum; rotated
+ * pairs out_a = fma(a, c, -b*s), out_b = fma(a, s, b*c) with (c, s) = (cos, sin)(theta) * m, the
+ * formula and angle of rope's kernels (src/ops/rope/cuda.cu), so without a norm the prologue's q
+ * and k bits equal lmk_rope's on CUDA. Outputs: q_out and k_out in the input dtype, two elements
+ * per conversion instruction (nearest even; a unit holding a NaN is built again with lmk's own
+ * narrowing, which keeps the NaN quiet with its sign); caches in the input dtype or f8e4m3 from the
+ * f32 value as x / scale (__fdiv_rn; a power-of-two scale multiplies by its exact reciprocal, which
+ * rounds identically), a NaN passed unscaled so that its sign survives (lmk_f8e4m3_from_f32_bits,
+ * the host's own rounding), VE codes per store. Paths with and without a norm and with and without
+ * an f8 cache are separate code, chosen once per row.
+ *
+ * Blocks. A block takes a tile of tokens and a group of rows of each (q rows, then k, then v), one
+ * row per team (plan_launch). Each lane first issues the loads of its items; then the block fills
+ * shared memory with what its rows share: the (cos, sin) of each (token, pair) of the tile (one
+ * angle per thread), the norm weights as f32 (w + weight_offset), the tile's slots; one barrier;
+ * then the team's sum of squares, the outputs. Angles: the host tabulates each pair's position axis
+ * and angle factor (rope_common.h's lmk_rope_axis_j and lmk_rope_freq with ff = 1, float64) and
+ * passes the table in the kernel parameters, as rope's kernels do; the device divides by
+ * freq_factors[p] (device memory), multiplies by the position (float64), reduces by k*pi/2 in
+ * float64 and evaluates sin and cos of the f32 remainder by polynomials (rope_cs: a private copy of
+ * rope's). Pairs past the table's 128 (rope_dim > 256, no real model) take rope_common.h's rules on
+ * the device, in a function of their own. Blocks have 256 threads, 128 when the call's rows fill
+ * at most two 256-thread blocks per SM (decode: more, smaller blocks spread a call over more SMs).
+ *
+ * Everything travels by value in ApParams (no allocation, no copy, no sync: a call can be captured
+ * into a CUDA graph). Offsets across rows are 64-bit; offsets within a row (head_dim, Dv <= 4096)
+ * are 32-bit. Results depend on the inputs and on the shape and 16-byte alignment of the operands
+ * (which fix the unit width and team size, and so the order of the sum of squares), never on the
+ * GPU's scheduling: the same call gives the same bits.
  */
 #include "core/f8.h"
 #include "cuda/cuda_internal.h"
@@ -29,229 +63,1018 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 namespace {
 
-constexpr int kWarps = 8;            /* warps per block, fewer when the row buffers need it */
-constexpr uint32_t kMaxDim = 4096;   /* largest head_dim / Dv (one warp's row buffer then fits) */
-constexpr uint32_t kSmemLimit = 48 * 1024;
+constexpr int kThreads = 256;          /* threads of a block (launch bound) */
+constexpr int kSpreadThreads = 128;    /* threads of a block when rows are spread (small T) */
+/* Items of a row a lane holds (U; two units each): 2 of 16-byte units (64 bytes in flight, 16
+ * registers), 4 of one-element units. With four 16-byte items ptxas needed ~105 registers against
+ * the 80 of 3 blocks per SM; with one, the per-row work (task, destinations, norm) was spread over
+ * half as many elements. */
+template <int NB> constexpr int kItems = NB == 16 ? 2 : 4;
+constexpr uint32_t kMaxDim = 4096;     /* largest head_dim and Dv */
+constexpr uint32_t kTabPairs = 128;    /* pairs whose angle factor the host tabulates */
+constexpr int kFreqCache = 4;          /* host angle tables kept per thread */
+constexpr uint32_t kMagicShift = 20;   /* task k < 1024 of a block: k / n = (k * magic) >> 20 */
 
-/* One destination of a row: base of its [rows, heads, dim] tensor, element strides, dtype. */
-struct Dest {
-    unsigned char *p;
+/* ---------------------------------------------------------------------------------------------
+ * Parameters.
+ * ------------------------------------------------------------------------------------------- */
+
+/* A [rows, heads, dim] tensor: element (r, h, i) at p + r*tok + h*head + i*element size (bytes). */
+struct Tensor {
+    unsigned char *p; /* nullptr: absent */
     uint64_t tok, head;
-    int dt;
-    float scale;      /* f8: stored = lmk_f32_to_f8e4m3(x / scale), lmk.h's formula */
 };
 
-struct Params {
-    const unsigned char *q_in, *k_in, *v_in;
-    uint64_t q_tok, q_head, k_tok, k_head, v_tok, v_head;
-    Dest q_out, k_out, k_cache, v_cache; /* p == nullptr: absent */
-    const void *q_w, *k_w;
-    int q_w_dt, k_w_dt;
-    float eps, w_off, mscale;
-    int dt;                              /* input dtype */
-    uint32_t T, hq, hk, D, dv, rows;     /* rows = hq + hk (+ hk with v) */
-    uint32_t rows_per_block;
-    int interleaved;
-    uint32_t pair_stride, n_pairs, rope_dim;
-    /* angle */
+/* A cache: rows of the slots [0, rows); f8: stored = f8(x / scale). */
+struct Cache {
+    Tensor t;
+    uint64_t rows;
+    float scale, inv; /* inv = 1 / scale, exact when pow2 */
+    int f8, pow2;
+};
+
+/* The items of a row kind (q and k rows share one; v rows have their own), offsets in elements. */
+struct Kind {
+    uint32_t npu;     /* pair items */
+    uint32_t nc, nch; /* copy units; copy items (nch = ceil(nc / 2): item c holds c and c + nch) */
+    uint32_t nc1;     /* copy units in the first untouched range */
+    uint32_t c1, c2;  /* copy unit c starts at (c < nc1 ? c1 : c2) + c * VE */
+    uint32_t items;   /* npu + nch */
+    uint32_t chunks;  /* ceil(items / (L * U)) */
+};
+
+/* The angles: freq[i] = lmk_rope_freq(..., ff = 1) and axis[i] = lmk_rope_axis_j's axis of pair i
+ * < kTabPairs (plan_angles); the rest of the fields serve pairs past the table and the position. */
+struct AnglePlan {
+    double freq[kTabPairs];
+    unsigned char axis[kTabPairs];
+    const float *ff;  /* freq_factors (device memory) or nullptr */
+    const void *pos;
+    uint64_t pos_axis_stride;
+    int pos_dtype;
+    float mscale;
     int mode;
     uint32_t sections[4];
     double freq_base, exp_n, freq_scale, ext_factor, ramp_low, ramp_high;
-    const float *ff;
-    const void *pos;
-    int pos_dt;
-    uint64_t pos_axis_stride;
-    const void *slots;
-    int slot_dt;
-    uint64_t k_slots, v_slots;
 };
 
-__device__ __forceinline__ float widen(int dt, const unsigned char *p, uint64_t i)
+/* The launch (plan_launch): a block is (tile, group); its tasks k < tile * rpg are (token k / rpg,
+ * row group * rpg + k % rpg), the division by magic. Shared memory: the (cos, sin) table at 0,
+ * the weights at float w_at, the slots at byte slot_at. */
+struct Plan {
+    uint64_t seq, n_blocks;
+    uint32_t tile, groups, rpg, magic;
+    uint32_t l_log2;  /* L = 1 << l_log2 lanes per team */
+    uint32_t w_at, slot_at;
+};
+
+struct ApParams {
+    Tensor q_in, k_in, v_in, q_out, k_out;
+    Cache cache[2];           /* k, v */
+    const void *q_w, *k_w;    /* nullptr: no norm */
+    int q_w_dt, k_w_dt;
+    float w_off, eps, inv_d;
+    uint32_t D, hq, hk, rows; /* rows of a token: hq + hk, + hk with v */
+    uint32_t half;            /* rotated pairs */
+    uint32_t ustep, pstride;  /* elements from pair item i's a unit to item i+1's; from a to b */
+    int il;                   /* pair items are single units of VE/2 interleaved pairs */
+    Kind kind[2];             /* q and k rows, v rows */
+    const void *slots;
+    int slot_i64;
+    AnglePlan a;
+    Plan pl;
+};
+static_assert(sizeof(ApParams) <= 4000, "kernel parameters must stay under the 4 KB limit");
+
+/* ---------------------------------------------------------------------------------------------
+ * Device helpers: raw units, dtypes, f8, the angle.
+ * ------------------------------------------------------------------------------------------- */
+
+/* A unit of NB bytes as 32-bit words (NB < 4 uses the low bits of w[0]). */
+template <int NB> struct Raw { uint32_t w[NB >= 4 ? NB / 4 : 1]; };
+
+/* Loads are evict-first (the inputs are dead once read; ld.global.cs is coherent, so it is also
+ * right in place). Stores are plain: attention reads the outputs next. */
+template <int NB> __device__ __forceinline__ Raw<NB> load(const unsigned char *p)
+{
+    Raw<NB> r;
+    if constexpr (NB == 16) {
+        const uint4 v = __ldcs(reinterpret_cast<const uint4 *>(p));
+        r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
+    } else if constexpr (NB == 8) {
+        const uint2 v = __ldcs(reinterpret_cast<const uint2 *>(p));
+        r.w[0] = v.x, r.w[1] = v.y;
+    } else if constexpr (NB == 4) {
+        r.w[0] = __ldcs(reinterpret_cast<const unsigned *>(p));
+    } else {
+        r.w[0] = __ldcs(reinterpret_cast<const unsigned short *>(p));
+    }
+    return r;
+}
+
+template <int NB> __device__ __forceinline__ void store(unsigned char *p, const Raw<NB> &r)
+{
+    if constexpr (NB == 16)
+        *reinterpret_cast<uint4 *>(p) = make_uint4(r.w[0], r.w[1], r.w[2], r.w[3]);
+    else if constexpr (NB == 8)
+        *reinterpret_cast<uint2 *>(p) = make_uint2(r.w[0], r.w[1]);
+    else if constexpr (NB == 4)
+        *reinterpret_cast<unsigned *>(p) = r.w[0];
+    else if constexpr (NB == 2)
+        *reinterpret_cast<unsigned short *>(p) = (unsigned short)r.w[0];
+    else
+        *p = (unsigned char)r.w[0];
+}
+
+/* dtype traits (DT: LMK_F32, LMK_BF16, LMK_F16); narrowing is lmk's (lmk_f32_to_bf16/f16). */
+template <int DT> struct Elem;
+
+template <> struct Elem<LMK_F32> {
+    static constexpr int size = 4;
+    static __device__ __forceinline__ float widen(uint32_t b) { return __uint_as_float(b); }
+};
+
+template <> struct Elem<LMK_BF16> {
+    static constexpr int size = 2;
+    static __device__ __forceinline__ float widen(uint32_t b) { return __uint_as_float(b << 16); }
+    static __device__ __forceinline__ uint32_t narrow(float f)
+    {
+        const uint32_t u = __float_as_uint(f);
+        if ((u & 0x7fffffffu) > 0x7f800000u)
+            return (u >> 16) | 0x0040u;
+        return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    }
+    /* Two values packed (lo in the low half) by one cvt.rn.bf16x2.f32: narrow()'s rounding except
+     * for NaNs, which come out canonical (callers redo a unit holding a NaN with narrow()). */
+    static __device__ __forceinline__ uint32_t cvt2(float lo, float hi)
+    {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return (uint32_t)__bfloat16_as_ushort(v.x) | ((uint32_t)__bfloat16_as_ushort(v.y) << 16);
+    }
+};
+
+template <> struct Elem<LMK_F16> {
+    static constexpr int size = 2;
+    static __device__ __forceinline__ float widen(uint32_t b)
+    {
+        return __half2float(__ushort_as_half((unsigned short)b));
+    }
+    static __device__ __forceinline__ uint32_t narrow(float f)
+    {
+        const uint32_t u = __float_as_uint(f);
+        if ((u & 0x7fffffffu) > 0x7f800000u)
+            return ((u >> 16) & 0x8000u) | 0x7e00u | ((u >> 13) & 0x03ffu);
+        return __half_as_ushort(__float2half_rn(f));
+    }
+    /* cvt.rn.f16x2.f32: as BF16's cvt2. */
+    static __device__ __forceinline__ uint32_t cvt2(float lo, float hi)
+    {
+        const __half2 v = __floats2half2_rn(lo, hi);
+        return (uint32_t)__half_as_ushort(v.x) | ((uint32_t)__half_as_ushort(v.y) << 16);
+    }
+};
+
+/* Element e of a unit, widened. */
+template <int DT, int VE> __device__ __forceinline__ float elem(const Raw<VE * Elem<DT>::size> &r, int e)
+{
+    if constexpr (Elem<DT>::size == 4)
+        return Elem<DT>::widen(r.w[e]);
+    else
+        return Elem<DT>::widen((r.w[e >> 1] >> (16 * (e & 1))) & 0xffffu);
+}
+
+/* Where a row goes: out (q_out or k_out) in the input dtype, and a cache row in the input dtype or
+ * f8 (stored = f8(x / scale)). */
+struct Dst {
+    unsigned char *out, *cache; /* nullptr: not written */
+    bool f8;                    /* the cache row is f8 */
+    int ci;                     /* the cache: 0 k, 1 v (its scale in ApParams.cache) */
+};
+
+/* lmk.h: stored = lmk_f32_to_f8e4m3(x / scale). A NaN goes in unscaled: GPU arithmetic returns the
+ * canonical (positive) NaN, the host's keeps the operand's sign. */
+__device__ __forceinline__ uint32_t f8_code(float x, const Cache &c)
+{
+    const float y = c.pow2 ? x * c.inv : __fdiv_rn(x, c.scale);
+    return lmk_f8e4m3_from_f32_bits(x != x ? __float_as_uint(x) : __float_as_uint(y));
+}
+
+/* One output unit, built two elements at a time so that few values are live at once: the words in
+ * the dtype, for an f8 cache its VE codes, and whether a NaN went through a two-element conversion
+ * (then the unit is built again with EXACT set: NaNs are rare, a branch per pair is not). */
+template <int DT, int VE> struct Acc {
+    Raw<VE * Elem<DT>::size> v;
+    Raw<VE> q;
+    bool nan;
+};
+
+/* Whether a unit built without EXACT must be built again (2-byte types with a NaN). */
+template <int DT, int VE> __device__ __forceinline__ bool redo(const Acc<DT, VE> &o)
+{
+    return Elem<DT>::size == 2 && VE > 1 && o.nan;
+}
+
+/* Puts values x0, x1 at elements e, e + 1 (e even; x1 ignored when VE == 1). F8: the row's cache is
+ * f8 (the caller branches once per row, so the common path carries no f8 code). */
+template <int DT, int VE, bool F8, bool EXACT>
+__device__ __forceinline__ void acc2(const ApParams &p, const Dst &d, Acc<DT, VE> &o, int e, float x0, float x1)
+{
+    if constexpr (Elem<DT>::size == 4) {
+        o.v.w[e] = __float_as_uint(x0);
+        if constexpr (VE > 1)
+            o.v.w[e + 1] = __float_as_uint(x1);
+    } else if constexpr (VE == 1) {
+        o.v.w[0] = Elem<DT>::narrow(x0);
+    } else if constexpr (EXACT) {
+        o.v.w[e >> 1] = Elem<DT>::narrow(x0) | (Elem<DT>::narrow(x1) << 16);
+    } else {
+        o.v.w[e >> 1] = Elem<DT>::cvt2(x0, x1);
+        o.nan = o.nan || !(x0 == x0 && x1 == x1); /* one unordered compare per pair */
+    }
+    if constexpr (F8) {
+        const Cache &c = p.cache[d.ci];
+        uint32_t q = f8_code(x0, c) << (8 * (e & 3));
+        if constexpr (VE > 1)
+            q |= f8_code(x1, c) << (8 * ((e + 1) & 3));
+        o.q.w[e >> 2] = (e & 3) ? o.q.w[e >> 2] | q : q;
+    }
+}
+
+/* Stores an output unit at element off of the row's destinations. */
+template <int DT, int VE, bool F8> __device__ __forceinline__ void put(const Dst &d, uint32_t off, const Acc<DT, VE> &o)
+{
+    constexpr int ES = Elem<DT>::size;
+    if (d.out)
+        store<VE * ES>(d.out + (size_t)off * ES, o.v);
+    if (d.cache) {
+        if constexpr (F8)
+            store<VE>(d.cache + off, o.q);
+        else
+            store<VE * ES>(d.cache + (size_t)off * ES, o.v);
+    }
+}
+
+/* The same for a unit copied without a norm: the input's own words (bit-exact), or f8 codes of its
+ * values. */
+template <int DT, int VE, bool F8>
+__device__ __forceinline__ void put_raw(const ApParams &p, const Dst &d, uint32_t off, const Raw<VE * Elem<DT>::size> &r)
+{
+    constexpr int ES = Elem<DT>::size;
+    if (d.out)
+        store<VE * ES>(d.out + (size_t)off * ES, r);
+    if constexpr (F8) {
+        if (d.cache) {
+            Acc<DT, VE> o{};
+#pragma unroll
+            for (int e = 0; e < VE; e += 2) /* only the f8 codes are used: no redo */
+                acc2<DT, VE, true, false>(p, d, o, e, elem<DT, VE>(r, e),
+                                          VE > 1 ? elem<DT, VE>(r, e + 1 < VE ? e + 1 : e) : 0.0f);
+            store<VE>(d.cache + off, o.q);
+        }
+    } else if (d.cache) {
+        store<VE * ES>(d.cache + (size_t)off * ES, r);
+    }
+}
+
+/* pi/2 split in two doubles for the Cody-Waite reduction (rope's constants). */
+constexpr double kPiHalfHi = 1.57079632679489655800e+00;
+constexpr double kPiHalfLo = 6.12323399573676603587e-17;
+constexpr double kTwoOverPi = 6.36619772367581382433e-01;
+constexpr double kRound = 6755399441055744.0; /* 1.5 * 2^52: x + kRound rounds x to an integer */
+
+/* (cos, sin) of theta: a private copy of src/ops/rope/cuda.cu's rope_cs (the quadrant reduction in
+ * float64, exact to ~1e-16 for |theta| < 2^51; minimax polynomials of the f32 remainder, 1.5 ulp;
+ * NaN for a non-finite theta), so that both ops rotate by the same bits. */
+__device__ __forceinline__ float2 rope_cs(double theta)
+{
+    const double t = fma(theta, kTwoOverPi, kRound);
+    const double k = t - kRound;
+    const float r = (float)fma(-k, kPiHalfLo, fma(-k, kPiHalfHi, theta));
+    const float x = fminf(fmaxf(r, -1.0f), 1.0f);
+    const uint32_t q = (uint32_t)__double2loint(t);
+    const float x2 = x * x;
+    const float ps = fmaf(fmaf(fmaf(-1.95152959e-4f, x2, 8.33216087e-3f), x2, -1.66666546e-1f), x2 * x, x);
+    const float pc =
+        fmaf(fmaf(fmaf(fmaf(2.44331571e-5f, x2, -1.38873163e-3f), x2, 4.16666457e-2f), x2, -0.5f), x2, 1.0f);
+    float sn = (q & 1) ? pc : ps, cs = (q & 1) ? -ps : pc;
+    if (q & 2)
+        sn = -sn, cs = -cs;
+    if (r != r)
+        sn = cs = __int_as_float(0x7fc00000);
+    return make_float2(cs, sn);
+}
+
+/* The angle factor (ff = 1) and axis of a pair past the host's table: rope_common.h's rules on the
+ * device (pow is an out-of-line call; kept out of the kernel's main line). */
+__device__ __noinline__ double far_freq(const AnglePlan &a, uint32_t i, uint32_t *axis)
+{
+    uint32_t j;
+    *axis = (uint32_t)lmk_rope_axis_j(a.mode, a.sections, i, &j);
+    return lmk_rope_freq(a.freq_base, a.exp_n, a.freq_scale, a.ext_factor, a.ramp_low, a.ramp_high, i, j, 1.0);
+}
+
+/* The (cos, sin) of pair i at token t, times m (rope's angle_cs). */
+__device__ __forceinline__ float2 angle_cs(const AnglePlan &a, uint64_t t, uint32_t i)
+{
+    double freq;
+    uint32_t axis;
+    if (i < kTabPairs)
+        freq = a.freq[i], axis = a.axis[i];
+    else
+        freq = far_freq(a, i, &axis);
+    if (a.ff)
+        freq = freq / (double)__ldg(a.ff + i);
+    const double pos = lmk_rope_pos(a.pos, a.pos_dtype, (uint64_t)axis * a.pos_axis_stride + t);
+    const float2 cs = rope_cs(pos * freq);
+    return make_float2(cs.x * a.mscale, cs.y * a.mscale);
+}
+
+/* Two weights (w + weight_offset) from shared memory at element off (even), or one. */
+template <int VE> __device__ __forceinline__ float2 load_w2(const float *w, uint32_t off)
+{
+    if constexpr (VE == 1)
+        return make_float2(w[off], 0.0f);
+    else
+        return *reinterpret_cast<const float2 *>(w + off);
+}
+
+__device__ __forceinline__ float widen_any(int dt, const void *p, uint32_t i)
 {
     if (dt == LMK_F32)
-        return reinterpret_cast<const float *>(p)[i];
-    const unsigned short h = reinterpret_cast<const unsigned short *>(p)[i];
+        return __ldg(reinterpret_cast<const float *>(p) + i);
+    const unsigned short h = __ldg(reinterpret_cast<const unsigned short *>(p) + i);
     return dt == LMK_BF16 ? __uint_as_float((uint32_t)h << 16) : __half2float(__ushort_as_half(h));
 }
 
-/* lmk's roundings (lmk_f32_to_bf16 / f16 / f8e4m3): nearest even, NaN kept quiet with its sign. */
-__device__ __forceinline__ void narrow_store(int dt, unsigned char *p, uint64_t i, float f, float scale)
-{
-    const uint32_t u = __float_as_uint(f);
-    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-    switch (dt) {
-    case LMK_F32:
-        reinterpret_cast<float *>(p)[i] = f;
-        break;
-    case LMK_BF16:
-        reinterpret_cast<unsigned short *>(p)[i] =
-            (unsigned short)(nan ? (u >> 16) | 0x0040u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-        break;
-    case LMK_F16:
-        reinterpret_cast<unsigned short *>(p)[i] =
-            nan ? (unsigned short)(((u >> 16) & 0x8000u) | 0x7e00u | ((u >> 13) & 0x03ffu))
-                : __half_as_ushort(__float2half_rn(f));
-        break;
-    default:
-        /* x / scale, not x * (1 / scale). A NaN keeps its sign without going through the division:
-         * GPU arithmetic returns the canonical (positive) NaN, the host's keeps the operand's. */
-        p[i] = lmk_f8e4m3_from_f32_bits(f != f ? __float_as_uint(f) : __float_as_uint(__fdiv_rn(f, scale)));
-        break;
-    }
-}
+/* ---------------------------------------------------------------------------------------------
+ * Rows, tasks and the block.
+ * ------------------------------------------------------------------------------------------- */
 
-__device__ __forceinline__ void raw_copy(unsigned char *dst, const unsigned char *src, uint64_t i, int es)
-{
-    if (es == 4)
-        reinterpret_cast<uint32_t *>(dst)[i] = reinterpret_cast<const uint32_t *>(src)[i];
-    else
-        reinterpret_cast<unsigned short *>(dst)[i] = reinterpret_cast<const unsigned short *>(src)[i];
-}
+/* What a block's rows share, in shared memory: the (cos, sin) of each (token of the tile, pair),
+ * the weights (q at w, k at w + D) and the tile's slots. */
+struct Shared {
+    float2 *cs;
+    float *w;
+    int64_t *slot;
+};
 
-__device__ __forceinline__ int64_t slot_of(const Params &p, uint32_t token)
-{
-    if (!p.slots)
-        return -1;
-    return p.slot_dt == LMK_I64 ? reinterpret_cast<const int64_t *>(p.slots)[token]
-                                : (int64_t)reinterpret_cast<const int32_t *>(p.slots)[token];
-}
+/* The block's tile and row group. */
+struct Block {
+    uint64_t t0;  /* first token */
+    uint32_t tt;  /* tokens of the tile (the last tile may be short) */
+    uint32_t r_lo, nr;
+};
 
-/* The (cos, sin) of every pair of `token` into cs (n_pairs float2), by all threads of the block. */
-__device__ void fill_angles(const Params &p, uint32_t token, float2 *cs)
+/* Task k of the block: token t0 + tl, row r (q rows, then k, then v). False past the block's rows. */
+__device__ __forceinline__ bool task_of(const ApParams &p, const Block &bk, uint32_t k, uint32_t *tl, uint32_t *r)
 {
-    for (uint32_t i = threadIdx.x; i < p.n_pairs; i += blockDim.x) {
-        uint32_t j;
-        const int axis = lmk_rope_axis_j(p.mode, p.sections, i, &j);
-        const double ff = p.ff ? (double)p.ff[i] : 1.0;
-        const double f = lmk_rope_freq(p.freq_base, p.exp_n, p.freq_scale, p.ext_factor, p.ramp_low, p.ramp_high, i,
-                                       j, ff);
-        const double pos = lmk_rope_pos(p.pos, p.pos_dt, (uint64_t)axis * p.pos_axis_stride + token);
-        double s, c;
-        sincos(pos * f, &s, &c);
-        cs[i] = make_float2((float)c, (float)s);
-    }
-}
-
-/* Element i of a row: whether it is rotated, and then its value from the staged (normed) values x. */
-__device__ __forceinline__ bool rotated(const Params &p, const float *x, const float2 *cs, uint32_t i, float *out)
-{
-    uint32_t a, b, pair;
-    bool is_a;
-    if (p.interleaved) {
-        if (i >= p.rope_dim)
-            return false;
-        pair = i >> 1, a = i & ~1u, b = a + 1, is_a = !(i & 1u);
-    } else if (i < p.n_pairs) {
-        pair = i, a = i, b = i + p.pair_stride, is_a = true;
-    } else if (i >= p.pair_stride && i < p.pair_stride + p.n_pairs) {
-        pair = i - p.pair_stride, a = pair, b = i, is_a = false;
-    } else {
+    const uint32_t t = (k * p.pl.magic) >> kMagicShift, rr = k - t * p.pl.rpg;
+    if (k >= p.pl.tile * p.pl.rpg || t >= bk.tt || rr >= bk.nr)
         return false;
-    }
-    const float2 c = cs[pair];
-    *out = (is_a ? x[a] * c.x - x[b] * c.y : x[a] * c.y + x[b] * c.x) * p.mscale;
+    *tl = t, *r = bk.r_lo + rr;
     return true;
 }
 
-/* One q or k row (which 0 or 1, head h) of `token`, by one warp; x is the warp's row buffer. */
-__device__ void do_row(const Params &p, uint32_t token, int which, uint32_t h, int64_t slot, float *x,
-                       const float2 *cs)
+/* Row r's kind (0 q, 1 k, 2 v) and head. */
+__device__ __forceinline__ int kind_of(const ApParams &p, uint32_t r, uint32_t *h)
 {
-    const unsigned char *in = which ? p.k_in + (token * p.k_tok + h * p.k_head) * (p.dt == LMK_F32 ? 4 : 2)
-                                    : p.q_in + (token * p.q_tok + h * p.q_head) * (p.dt == LMK_F32 ? 4 : 2);
-    const void *w = which ? p.k_w : p.q_w;
-    const int w_dt = which ? p.k_w_dt : p.q_w_dt;
-    const int lane = threadIdx.x & 31, es = p.dt == LMK_F32 ? 4 : 2;
-    float ss = 0.0f;
-    for (uint32_t i = lane; i < p.D; i += 32) {
-        const float v = widen(p.dt, in, i);
-        x[i] = v;
-        ss += v * v;
-    }
-    for (int o = 16; o > 0; o >>= 1)
-        ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (w) {
-        const float r = 1.0f / sqrtf(ss / (float)p.D + p.eps);
-        for (uint32_t i = lane; i < p.D; i += 32)
-            x[i] = x[i] * r * (widen(w_dt, (const unsigned char *)w, i) + p.w_off);
-    }
-    __syncwarp();
-    /* The row's destinations and the element offset of the row in each. */
-    Dest d[2];
-    uint64_t base[2];
-    int nd = 0;
-    const Dest &o = which ? p.k_out : p.q_out;
-    if (o.p)
-        d[nd] = o, base[nd++] = token * o.tok + h * o.head;
-    if (which && p.k_cache.p && slot >= 0 && (uint64_t)slot < p.k_slots)
-        d[nd] = p.k_cache, base[nd++] = (uint64_t)slot * p.k_cache.tok + h * p.k_cache.head;
-    for (uint32_t i = lane; i < p.D; i += 32) {
-        float v;
-        const bool rot = rotated(p, x, cs, i, &v);
-        if (!rot)
-            v = x[i];
-        for (int k = 0; k < nd; k++) {
-            const int des = d[k].dt == LMK_F32 ? 4 : d[k].dt == LMK_F8E4M3 ? 1 : 2;
-            unsigned char *row = d[k].p + base[k] * des;
-            if (!rot && !w && d[k].dt == p.dt)
-                raw_copy(row, in, i, es);
-            else
-                narrow_store(d[k].dt, row, i, v, d[k].scale);
-        }
-    }
-    __syncwarp(); /* x is reused by the warp's next row */
+    if (r < p.hq)
+        return *h = r, 0;
+    if (r < p.hq + p.hk)
+        return *h = r - p.hq, 1;
+    return *h = r - p.hq - p.hk, 2;
 }
 
-/* One v row into its cache row: a bit copy in v's dtype, or quantised to f8. */
-__device__ void do_v(const Params &p, uint32_t token, uint32_t h, int64_t slot)
+__device__ __forceinline__ const unsigned char *row_in(const ApParams &p, int kind, uint64_t t, uint32_t h)
 {
-    if (!p.v_cache.p || slot < 0 || (uint64_t)slot >= p.v_slots)
-        return;
-    const int es = p.dt == LMK_F32 ? 4 : 2, lane = threadIdx.x & 31;
-    const unsigned char *in = p.v_in + (token * p.v_tok + h * p.v_head) * es;
-    const int des = p.v_cache.dt == LMK_F8E4M3 ? 1 : es;
-    unsigned char *out = p.v_cache.p + ((uint64_t)slot * p.v_cache.tok + h * p.v_cache.head) * des;
-    for (uint32_t i = lane; i < p.dv; i += 32) {
-        if (p.v_cache.dt == p.dt)
-            raw_copy(out, in, i, es);
+    const Tensor &x = kind == 0 ? p.q_in : kind == 1 ? p.k_in : p.v_in;
+    return x.p + t * x.tok + (uint64_t)h * x.head;
+}
+
+/* Element offset of copy unit c. */
+__device__ __forceinline__ uint32_t copy_at(const Kind &g, uint32_t c, uint32_t ve)
+{
+    return (c < g.nc1 ? g.c1 : g.c2) + c * ve;
+}
+
+/* Loads the items base + u*L (u < U) of a row into a, b (zero where there is none). */
+template <int ES, int VE, int U>
+__device__ __forceinline__ void load_items(const ApParams &p, const Kind &g, const unsigned char *in, uint32_t base,
+                                           uint32_t L, Raw<VE * ES> (&a)[U], Raw<VE * ES> (&b)[U])
+{
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const uint32_t item = base + u * L;
+        a[u] = Raw<VE * ES>{}, b[u] = Raw<VE * ES>{};
+        if (item < g.npu) {
+            const uint32_t off = item * p.ustep;
+            a[u] = load<VE * ES>(in + (size_t)off * ES);
+            if (!p.il)
+                b[u] = load<VE * ES>(in + (size_t)(off + p.pstride) * ES);
+        } else if (item < g.items) {
+            const uint32_t c = item - g.npu;
+            a[u] = load<VE * ES>(in + (size_t)copy_at(g, c, VE) * ES);
+            if (c + g.nch < g.nc)
+                b[u] = load<VE * ES>(in + (size_t)copy_at(g, c + g.nch, VE) * ES);
+        }
+    }
+}
+
+/* The lane's sum of squares: one partial sum per unit (short dependency chains), added pairwise. */
+template <int DT, int VE, int U>
+__device__ __forceinline__ float sum_sq(const Raw<VE * Elem<DT>::size> (&a)[U], const Raw<VE * Elem<DT>::size> (&b)[U])
+{
+    float s[2 * U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        s[2 * u] = s[2 * u + 1] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < VE; e++) {
+            const float x = elem<DT, VE>(a[u], e), y = elem<DT, VE>(b[u], e);
+            s[2 * u] = fmaf(x, x, s[2 * u]);
+            s[2 * u + 1] = fmaf(y, y, s[2 * u + 1]);
+        }
+    }
+#pragma unroll
+    for (int n = 1; n < 2 * U; n *= 2)
+#pragma unroll
+        for (int i = 0; i + n < 2 * U; i += 2 * n)
+            s[i] += s[i + n];
+    return s[0];
+}
+
+/* Elements e, e + 1 of a unit at element off, normed (W: the row has a norm; the widened input
+ * without). */
+template <int DT, int VE, bool W>
+__device__ __forceinline__ float2 normed2(const Raw<VE * Elem<DT>::size> &r, int e, const float *w, float rn,
+                                          uint32_t off)
+{
+    float2 x = make_float2(elem<DT, VE>(r, e), VE > 1 ? elem<DT, VE>(r, e + 1 < VE ? e + 1 : e) : 0.0f);
+    if constexpr (W) {
+        const float2 wv = load_w2<VE>(w, off + e);
+        x.x = x.x * rn * wv.x, x.y = x.y * rn * wv.y;
+    }
+    return x;
+}
+
+/* The outputs of a half-split pair item: a holds the a halves of VE pairs at element off, b their b
+ * halves at off + pstride; table entries item * VE on. */
+template <int DT, int VE, bool F8, bool W, bool EXACT>
+__device__ __forceinline__ void rotate_half(const ApParams &p, const Dst &d, const float *w, float rn,
+                                            const float2 *cs, uint32_t item, uint32_t off,
+                                            const Raw<VE * Elem<DT>::size> &a, const Raw<VE * Elem<DT>::size> &b,
+                                            Acc<DT, VE> &oa, Acc<DT, VE> &ob)
+{
+#pragma unroll
+    for (int e = 0; e < VE; e += 2) {
+        const float2 xa = normed2<DT, VE, W>(a, e, w, rn, off), xb = normed2<DT, VE, W>(b, e, w, rn, off + p.pstride);
+        float c0, s0, c1 = 0.0f, s1 = 0.0f;
+        if constexpr (VE == 1) {
+            const float2 q = cs[item];
+            c0 = q.x, s0 = q.y;
+        } else { /* two pairs per 16-byte load: item * VE + e is even */
+            const float4 q = *reinterpret_cast<const float4 *>(cs + item * VE + e);
+            c0 = q.x, s0 = q.y, c1 = q.z, s1 = q.w;
+        }
+        acc2<DT, VE, F8, EXACT>(p, d, oa, e, fmaf(xa.x, c0, -xb.x * s0), fmaf(xa.y, c1, -xb.y * s1));
+        acc2<DT, VE, F8, EXACT>(p, d, ob, e, fmaf(xa.x, s0, xb.x * c0), fmaf(xa.y, s1, xb.y * c1));
+    }
+}
+
+/* The outputs of an interleaved pair item: a holds VE/2 whole pairs; table entries item * VE/2 on. */
+template <int DT, int VE, bool F8, bool W, bool EXACT>
+__device__ __forceinline__ void rotate_il(const ApParams &p, const Dst &d, const float *w, float rn, const float2 *cs,
+                                          uint32_t item, uint32_t off, const Raw<VE * Elem<DT>::size> &a,
+                                          Acc<DT, VE> &o)
+{
+#pragma unroll
+    for (int e = 0; e < VE; e += 2) {
+        const float2 x = normed2<DT, VE, W>(a, e, w, rn, off), q = cs[item * (VE / 2) + e / 2];
+        acc2<DT, VE, F8, EXACT>(p, d, o, e, fmaf(x.x, q.x, -x.y * q.y), fmaf(x.x, q.y, x.y * q.x));
+    }
+}
+
+/* A pair item (element off = item * ustep): rotates and stores. */
+template <int DT, int VE, bool F8, bool W>
+__device__ __forceinline__ void emit_pair(const ApParams &p, const Dst &d, const float *w, float rn, const float2 *cs,
+                                          uint32_t item, const Raw<VE * Elem<DT>::size> &a,
+                                          const Raw<VE * Elem<DT>::size> &b)
+{
+    const uint32_t off = item * p.ustep;
+    if constexpr (VE >= 2) {
+        if (p.il) {
+            Acc<DT, VE> o{};
+            rotate_il<DT, VE, F8, W, false>(p, d, w, rn, cs, item, off, a, o);
+            if (redo(o))
+                rotate_il<DT, VE, F8, W, true>(p, d, w, rn, cs, item, off, a, o);
+            put<DT, VE, F8>(d, off, o);
+            return;
+        }
+    }
+    Acc<DT, VE> oa{}, ob{};
+    rotate_half<DT, VE, F8, W, false>(p, d, w, rn, cs, item, off, a, b, oa, ob);
+    if (redo(oa) || redo(ob))
+        rotate_half<DT, VE, F8, W, true>(p, d, w, rn, cs, item, off, a, b, oa, ob);
+    put<DT, VE, F8>(d, off, oa);
+    put<DT, VE, F8>(d, off + p.pstride, ob);
+}
+
+/* One copied unit at element off, normed. */
+template <int DT, int VE, bool F8, bool EXACT>
+__device__ __forceinline__ void norm_unit(const ApParams &p, const Dst &d, const float *w, float rn, uint32_t off,
+                                          const Raw<VE * Elem<DT>::size> &a, Acc<DT, VE> &o)
+{
+#pragma unroll
+    for (int e = 0; e < VE; e += 2) {
+        const float2 x = normed2<DT, VE, true>(a, e, w, rn, off);
+        acc2<DT, VE, F8, EXACT>(p, d, o, e, x.x, x.y);
+    }
+}
+
+template <int DT, int VE, bool F8>
+__device__ __forceinline__ void emit_norm(const ApParams &p, const Dst &d, const float *w, float rn, uint32_t off,
+                                          const Raw<VE * Elem<DT>::size> &a)
+{
+    Acc<DT, VE> o{};
+    norm_unit<DT, VE, F8, false>(p, d, w, rn, off, a, o);
+    if (redo(o))
+        norm_unit<DT, VE, F8, true>(p, d, w, rn, off, a, o);
+    put<DT, VE, F8>(d, off, o);
+}
+
+/* A copy item: units c and c + nch (the second only when c + nch < nc), normed (W), or raw. */
+template <int DT, int VE, bool F8, bool W>
+__device__ __forceinline__ void emit_copy(const ApParams &p, const Kind &g, const Dst &d, const float *w, float rn,
+                                          uint32_t c, const Raw<VE * Elem<DT>::size> &a,
+                                          const Raw<VE * Elem<DT>::size> &b)
+{
+    const uint32_t o1 = copy_at(g, c, VE), o2 = copy_at(g, c + g.nch, VE);
+    const bool two = c + g.nch < g.nc;
+    if constexpr (W) {
+        emit_norm<DT, VE, F8>(p, d, w, rn, o1, a);
+        if (two)
+            emit_norm<DT, VE, F8>(p, d, w, rn, o2, b);
+    } else {
+        put_raw<DT, VE, F8>(p, d, o1, a);
+        if (two)
+            put_raw<DT, VE, F8>(p, d, o2, b);
+    }
+}
+
+/* The destinations of row (kind, h) of token t (block-local tl). */
+__device__ __forceinline__ Dst dst_of(const ApParams &p, const Shared &sh, int kind, uint64_t t, uint32_t tl,
+                                      uint32_t h)
+{
+    const int ci = kind == 2 ? 1 : 0;
+    const Cache &c = p.cache[ci];
+    Dst d{nullptr, nullptr, false, ci};
+    const Tensor &o = kind == 0 ? p.q_out : p.k_out;
+    if (kind != 2 && o.p)
+        d.out = o.p + t * o.tok + (uint64_t)h * o.head;
+    if (kind != 0 && c.t.p) {
+        const int64_t s = sh.slot[tl];
+        if (s >= 0 && (uint64_t)s < c.rows)
+            d.cache = c.t.p + (uint64_t)s * c.t.tok + (uint64_t)h * c.t.head, d.f8 = c.f8 != 0;
+    }
+    return d;
+}
+
+/* The outputs of the items base + u*L (u < U) of a row. */
+template <int DT, int VE, int U, bool F8, bool W>
+__device__ __forceinline__ void emit_items(const ApParams &p, const Kind &g, const Dst &d, const float *w, float rn,
+                                           const float2 *cs, uint32_t base, uint32_t L,
+                                           const Raw<VE * Elem<DT>::size> (&a)[U], const Raw<VE * Elem<DT>::size> (&b)[U])
+{
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const uint32_t item = base + u * L;
+        if (item < g.npu)
+            emit_pair<DT, VE, F8, W>(p, d, w, rn, cs, item, a[u], b[u]);
+        else if (item < g.items)
+            emit_copy<DT, VE, F8, W>(p, g, d, w, rn, item - g.npu, a[u], b[u]);
+    }
+}
+
+/* The sum of v over the team (L lanes, a power of two, aligned within the warp), by a butterfly:
+ * every lane gets the same bits. All 32 lanes of the warp must call it. */
+__device__ __forceinline__ float team_sum(float v, uint32_t L)
+{
+#pragma unroll
+    for (uint32_t o = 16; o > 0; o >>= 1)
+        if (o < L)
+            v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* The outputs of a row (kind, head h) of token t0 + tl whose chunk 0 is in a, b; rn from the norm.
+ * CHUNK: a row may be longer than one chunk of L*U items; every chunk is loaded again here (the
+ * same lane reads and writes each element, so in place still holds). */
+template <int DT, int VE, int U, bool CHUNK>
+__device__ __forceinline__ void emit_row(const ApParams &p, const Shared &sh, const Block &bk, uint32_t tl, int kind,
+                                         uint32_t h, const unsigned char *in, bool norm, float rn, uint32_t lane,
+                                         uint32_t L, Raw<VE * Elem<DT>::size> (&a)[U], Raw<VE * Elem<DT>::size> (&b)[U])
+{
+    const float *w = sh.w + (kind == 1 ? p.D : 0); /* read only with a norm */
+    const Kind &g = p.kind[kind == 2 ? 1 : 0];
+    const Dst d = dst_of(p, sh, kind, bk.t0 + tl, tl, h);
+    const float2 *cs = sh.cs + (size_t)tl * p.half;
+    const uint32_t chunks = CHUNK ? g.chunks : 1;
+    for (uint32_t c = 0; c < chunks; c++) {
+        const uint32_t base = lane + c * L * U;
+        if (CHUNK && chunks > 1)
+            load_items<Elem<DT>::size, VE, U>(p, g, in, base, L, a, b);
+        /* one path per (f8 cache, norm): each carries only its own code */
+        if (d.f8 && norm)
+            emit_items<DT, VE, U, true, true>(p, g, d, w, rn, cs, base, L, a, b);
+        else if (d.f8)
+            emit_items<DT, VE, U, true, false>(p, g, d, w, rn, cs, base, L, a, b);
+        else if (norm)
+            emit_items<DT, VE, U, false, true>(p, g, d, w, rn, cs, base, L, a, b);
         else
-            narrow_store(p.v_cache.dt, out, i, widen(p.dt, in, i), p.v_cache.scale);
+            emit_items<DT, VE, U, false, false>(p, g, d, w, rn, cs, base, L, a, b);
     }
 }
 
-__global__ void __launch_bounds__(kWarps * 32) prologue_kernel(const Params p)
+/* Fills shared memory for the block's rows: angles (when it has q or k rows), weights, slots. */
+__device__ void fill_shared(const ApParams &p, const Block &bk, const Shared &sh)
 {
-    extern __shared__ float4 smem4[];
-    float2 *cs = reinterpret_cast<float2 *>(smem4);
-    const uint32_t warps = blockDim.x >> 5;
-    float *rowbuf = reinterpret_cast<float *>(cs + ((p.n_pairs + 1) & ~1u)) + (threadIdx.x >> 5) * p.D;
-    const uint32_t r0 = blockIdx.y * p.rows_per_block;
-    const uint32_t r1 = r0 + p.rows_per_block < p.rows ? r0 + p.rows_per_block : p.rows;
-    const bool needs_angles = r0 < p.hq + p.hk;
-    for (uint32_t token = blockIdx.x; token < p.T; token += gridDim.x) {
-        if (needs_angles)
-            fill_angles(p, token, cs);
-        __syncthreads();
-        const int64_t slot = slot_of(p, token);
-        for (uint32_t r = r0 + (threadIdx.x >> 5); r < r1; r += warps) {
-            if (r < p.hq)
-                do_row(p, token, 0, r, slot, rowbuf, cs);
-            else if (r < p.hq + p.hk)
-                do_row(p, token, 1, r - p.hq, slot, rowbuf, cs);
-            else
-                do_v(p, token, r - p.hq - p.hk, slot);
+    if (bk.r_lo >= p.hq + p.hk)
+        return; /* v rows only: no angle, no weight; their slots below */
+    const uint32_t n = bk.tt * p.half;
+    for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) {
+        const uint32_t tl = j / p.half;
+        sh.cs[j] = angle_cs(p.a, bk.t0 + tl, j - tl * p.half);
+    }
+    if (p.q_w || p.k_w)
+        for (uint32_t j = threadIdx.x; j < 2 * p.D; j += blockDim.x) {
+            const bool k = j >= p.D;
+            const void *w = k ? p.k_w : p.q_w;
+            if (w)
+                sh.w[j] = widen_any(k ? p.k_w_dt : p.q_w_dt, w, k ? j - p.D : j) + p.w_off;
         }
-        __syncthreads(); /* cs is refilled for the next token */
+}
+
+__device__ __forceinline__ void fill_slots(const ApParams &p, const Block &bk, const Shared &sh)
+{
+    if (p.slots)
+        for (uint32_t j = threadIdx.x; j < bk.tt; j += blockDim.x)
+            sh.slot[j] = p.slot_i64 ? reinterpret_cast<const int64_t *>(p.slots)[bk.t0 + j]
+                                    : (int64_t)reinterpret_cast<const int32_t *>(p.slots)[bk.t0 + j];
+}
+
+/* The kernel. A block is (tile, group) of the plan, one task (row) per team: team j takes task j.
+ * Each lane loads its items, then the block fills the shared tables while those loads are in
+ * flight (the angle math and the weight and slot loads overlap a memory round trip), one barrier;
+ * then the team's sum of squares (every lane of the warp shuffles, rows without a norm with 0: the
+ * shuffles stay converged), and the outputs. */
+template <int DT, int VE, int U, bool CHUNK>
+__global__ void __launch_bounds__(kThreads, CHUNK ? 2 : 3) prologue_kernel(const __grid_constant__ ApParams p)
+{
+    constexpr int ES = Elem<DT>::size;
+    extern __shared__ __align__(16) float4 smem[];
+    const Plan &pl = p.pl;
+    const uint64_t blk = (uint64_t)blockIdx.y * gridDim.x + blockIdx.x;
+    if (blk >= pl.n_blocks)
+        return;
+    const uint64_t tile = blk >> 32 ? blk / pl.groups : (uint32_t)blk / pl.groups;
+    const uint32_t group = (uint32_t)(blk - tile * pl.groups);
+    Block bk;
+    bk.t0 = tile * pl.tile;
+    bk.tt = (uint32_t)min((uint64_t)pl.tile, pl.seq - bk.t0);
+    bk.r_lo = group * pl.rpg;
+    bk.nr = min(pl.rpg, p.rows - bk.r_lo);
+    const Shared sh{reinterpret_cast<float2 *>(smem), reinterpret_cast<float *>(smem) + pl.w_at,
+                    reinterpret_cast<int64_t *>(reinterpret_cast<unsigned char *>(smem) + pl.slot_at)};
+    const uint32_t L = 1u << pl.l_log2, lane = threadIdx.x & (L - 1u);
+
+    uint32_t tl = 0, r = 0, h = 0;
+    const bool live = task_of(p, bk, threadIdx.x >> pl.l_log2, &tl, &r);
+    const int kind = kind_of(p, r, &h);
+    const Kind &g = p.kind[kind == 2 ? 1 : 0];
+    const unsigned char *in = row_in(p, kind, bk.t0 + tl, h);
+    Raw<VE * ES> a[U], b[U];
+    if (live)
+        load_items<ES, VE, U>(p, g, in, lane, L, a, b);
+    fill_shared(p, bk, sh);
+    fill_slots(p, bk, sh);
+    __syncthreads();
+    const bool norm = live && (kind == 0 ? p.q_w != nullptr : kind == 1 && p.k_w != nullptr);
+    float ss = 0.0f;
+    if (norm) {
+        ss = sum_sq<DT, VE, U>(a, b);
+        if constexpr (CHUNK)
+            for (uint32_t c = 1; c < g.chunks; c++) {
+                load_items<ES, VE, U>(p, g, in, lane + c * L * U, L, a, b);
+                ss += sum_sq<DT, VE, U>(a, b);
+            }
+    }
+    ss = team_sum(ss, L);
+    if (live)
+        emit_row<DT, VE, U, CHUNK>(p, sh, bk, tl, kind, h, in, norm, rsqrtf(fmaf(ss, p.inv_d, p.eps)), lane, L, a, b);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Launch: the instantiation for a dtype, unit width and items per lane.
+ * ------------------------------------------------------------------------------------------- */
+
+struct LaunchPlan {
+    dim3 blocks, threads;
+    size_t smem;
+};
+
+template <int DT, int VE, int U, bool CHUNK>
+cudaError_t launch(const ApParams &p, const LaunchPlan &L, cudaStream_t st)
+{
+    if (L.smem > 48 * 1024) { /* head_dim near 4096 with both norms and a full rope */
+        const cudaError_t e = cudaFuncSetAttribute(prologue_kernel<DT, VE, U, CHUNK>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L.smem);
+        if (e != cudaSuccess)
+            return e;
+    }
+    prologue_kernel<DT, VE, U, CHUNK><<<L.blocks, L.threads, L.smem, st>>>(p);
+    return cudaGetLastError();
+}
+
+/* The instantiations: 16-byte units (U = 2) and one-element units of any alignment (U = 4), each
+ * with and without chunks. Units of 8 or 4 bytes are not instantiated: a shape that is not 16-byte
+ * aligned takes one-element units (plan_units). */
+template <int DT>
+cudaError_t launch_ve(uint32_t ve, bool chunk, const ApParams &p, const LaunchPlan &L, cudaStream_t st)
+{
+    constexpr int V16 = 16 / Elem<DT>::size;
+    if (ve == 1)
+        return chunk ? launch<DT, 1, kItems<Elem<DT>::size>, true>(p, L, st)
+                     : launch<DT, 1, kItems<Elem<DT>::size>, false>(p, L, st);
+    return chunk ? launch<DT, V16, kItems<16>, true>(p, L, st) : launch<DT, V16, kItems<16>, false>(p, L, st);
+}
+
+cudaError_t launch_dtype(lmk_dtype dt, uint32_t ve, bool chunk, const ApParams &p, const LaunchPlan &L, cudaStream_t st)
+{
+    switch (dt) {
+    case LMK_F32:
+        return launch_ve<LMK_F32>(ve, chunk, p, L, st);
+    case LMK_BF16:
+        return launch_ve<LMK_BF16>(ve, chunk, p, L, st);
+    default:
+        return launch_ve<LMK_F16>(ve, chunk, p, L, st);
     }
 }
 
-Dest dest_of(const lmk_rows &r)
+template <int DT, int VE, int U, bool CHUNK> void preload_one(cudaError_t *first)
 {
-    return Dest{(unsigned char *)r.data, r.tok, r.head, (int)r.dtype, 1.0f};
+    cudaFuncAttributes attr;
+    const cudaError_t e = cudaFuncGetAttributes(&attr, prologue_kernel<DT, VE, U, CHUNK>);
+    if (e != cudaSuccess && *first == cudaSuccess)
+        *first = e;
+}
+
+template <int DT> void preload_dtype(cudaError_t *first)
+{
+    constexpr int V16 = 16 / Elem<DT>::size, U1 = kItems<Elem<DT>::size>;
+    preload_one<DT, V16, kItems<16>, false>(first);
+    preload_one<DT, V16, kItems<16>, true>(first);
+    preload_one<DT, 1, U1, false>(first);
+    preload_one<DT, 1, U1, true>(first);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Planning (host): units, row kinds, teams, angles, launch.
+ * ------------------------------------------------------------------------------------------- */
+
+uint64_t ceil_div(uint64_t a, uint64_t b)
+{
+    return (a + b - 1) / b;
+}
+
+uint32_t pow2_ceil(uint64_t n)
+{
+    uint32_t v = 1;
+    while (v < n && v < 0x80000000u)
+        v <<= 1;
+    return v;
+}
+
+/* Address bits of a tensor whose element size is es: base, and the byte strides of its axes that
+ * are longer than 1 (the others never multiply a nonzero index). */
+uint64_t tensor_bits(const void *base, uint64_t rows, uint64_t tok, uint64_t heads, uint64_t head, uint64_t es)
+{
+    return (uint64_t)(uintptr_t)base | (rows > 1 ? tok * es : 0) | (heads > 1 ? head * es : 0);
+}
+
+/* The unit plan: VE of 16 bytes when it divides head_dim, Dv and the layout's boundaries (rope_dim/2
+ * and pair_stride half-split, rope_dim interleaved) and 16 bytes (an f8 cache: VE bytes) divide
+ * every address and stride in play; else one element. */
+uint32_t plan_units(const lmk_attn_prologue_args *a)
+{
+    const lmk_rope_args *r = &a->rope;
+    const uint64_t es = r->dtype == LMK_F32 ? 4 : 2, T = r->seq_len, hk = r->t[1].n_heads;
+    uint64_t bits = 0, bits8 = 0;
+    for (int i = 0; i < 2; i++) {
+        const lmk_rope_tensor *t = &r->t[i];
+        bits |= tensor_bits(t->in, T, t->in_tok, t->n_heads, t->in_head, es);
+        if (t->out)
+            bits |= tensor_bits(t->out, T, t->out_tok, t->n_heads, t->out_head, es);
+    }
+    if (a->v_in.data)
+        bits |= tensor_bits(a->v_in.data, T, a->v_in.tok, hk, a->v_in.head, es);
+    const lmk_rows *caches[2] = {&a->k_cache, &a->v_cache};
+    const uint64_t rows[2] = {a->k_slots, a->v_slots};
+    for (int i = 0; i < 2; i++)
+        if (caches[i]->data) {
+            const bool f8 = caches[i]->dtype == LMK_F8E4M3;
+            (f8 ? bits8 : bits) |= tensor_bits(caches[i]->data, rows[i], caches[i]->tok, hk, caches[i]->head, f8 ? 1 : es);
+        }
+    const uint32_t D = r->head_dim, R = r->rope_dim, half = R / 2, S = r->pair_stride;
+    const uint32_t ve = (uint32_t)(16 / es);
+    const bool layout = r->interleaved ? R % ve == 0 : half % ve == 0 && S % ve == 0;
+    return layout && D % ve == 0 && (!a->v_in.data || a->v_dim % ve == 0) && (bits & (ve * es - 1)) == 0 &&
+                   (bits8 & (ve - 1)) == 0
+               ? ve
+               : 1;
+}
+
+/* The items of q/k rows and of v rows for unit width ve; p->il, ustep, pstride. The untouched
+ * ranges: interleaved [R, D); half-split with pair stride s and h pairs, [h, s) and [s + h, D). */
+void plan_kinds(const lmk_attn_prologue_args *a, uint32_t ve, ApParams *p)
+{
+    const lmk_rope_args *r = &a->rope;
+    const uint32_t D = r->head_dim, R = r->rope_dim, half = R / 2, s = r->pair_stride;
+    Kind &g = p->kind[0];
+    p->il = r->interleaved && ve >= 2;
+    if (r->interleaved) {
+        g.npu = p->il ? R / ve : half;
+        p->ustep = p->il ? ve : 2;
+        p->pstride = p->il ? 0 : 1;
+        g.nc1 = (D - R) / ve, g.c1 = R, g.c2 = R, g.nc = g.nc1;
+    } else {
+        g.npu = half / ve;
+        p->ustep = ve;
+        p->pstride = s;
+        g.nc1 = (s - half) / ve, g.c1 = half, g.c2 = s + half - g.nc1 * ve;
+        g.nc = g.nc1 + (D - s - half) / ve;
+    }
+    g.nch = (g.nc + 1) / 2, g.items = g.npu + g.nch;
+    Kind &v = p->kind[1];
+    v = Kind{};
+    if (a->v_cache.data) {
+        v.nc = a->v_dim / ve, v.nc1 = v.nc, v.nch = (v.nc + 1) / 2, v.items = v.nch;
+    }
+}
+
+/* Lanes per team: the fewest (a power of two, up to 32) whose U items each cover the widest row;
+ * rows beyond 32 * U items go in chunks. */
+void plan_team(ApParams *p, uint32_t u, bool *chunk)
+{
+    const uint32_t items = p->kind[0].items > p->kind[1].items ? p->kind[0].items : p->kind[1].items;
+    uint32_t L = pow2_ceil(ceil_div(items, u));
+    L = L > 32 ? 32 : L;
+    *chunk = (uint64_t)L * u < items;
+    uint32_t lg = 0;
+    while ((1u << lg) < L)
+        lg++;
+    p->pl.l_log2 = lg;
+    for (int i = 0; i < 2; i++)
+        p->kind[i].chunks = (uint32_t)ceil_div(p->kind[i].items, L * u);
+}
+
+/* The host's angle tables, one per recent configuration of this thread. n == 0: empty. */
+struct FreqTable {
+    int mode;
+    uint32_t sections[4];
+    uint32_t n;
+    double key[6]; /* freq_base, exp_n, freq_scale, ext_factor, ramp_low, ramp_high */
+    double freq[kTabPairs];
+    unsigned char axis[kTabPairs];
+};
+thread_local FreqTable t_freq[kFreqCache];
+thread_local unsigned t_freq_next;
+
+/* The table of pairs [0, n) (n <= kTabPairs): lmk_rope_axis_j and lmk_rope_freq (ff = 1) of each,
+ * from this thread's cache when the parameters match bit for bit (pow() costs ~21 ns a pair). */
+const FreqTable &freq_table(const lmk_rope_angle *g, uint32_t n)
+{
+    const double key[6] = {g->freq_base, g->exp_n, g->freq_scale, g->ext_factor, g->ramp_low, g->ramp_high};
+    for (int i = 0; i < kFreqCache; i++) {
+        const FreqTable &tb = t_freq[i];
+        if (tb.n == n && tb.mode == (int)g->mode && memcmp(tb.sections, g->sections, sizeof tb.sections) == 0 &&
+            memcmp(tb.key, key, sizeof key) == 0)
+            return tb;
+    }
+    FreqTable &tb = t_freq[t_freq_next++ % kFreqCache];
+    tb.mode = (int)g->mode;
+    memcpy(tb.sections, g->sections, sizeof tb.sections);
+    memcpy(tb.key, key, sizeof key);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t j;
+        tb.axis[i] = (unsigned char)lmk_rope_axis_j((int)g->mode, g->sections, i, &j);
+        tb.freq[i] = lmk_rope_freq(g->freq_base, g->exp_n, g->freq_scale, g->ext_factor, g->ramp_low, g->ramp_high, i,
+                                   j, 1.0);
+    }
+    tb.n = n;
+    return tb;
+}
+
+void plan_angles(const lmk_rope_angle *g, AnglePlan *ap)
+{
+    const uint32_t n = g->n_pairs < kTabPairs ? g->n_pairs : kTabPairs;
+    const FreqTable &tb = freq_table(g, n);
+    memcpy(ap->freq, tb.freq, n * sizeof(double));
+    memcpy(ap->axis, tb.axis, n);
+    ap->ff = g->freq_factors;
+    ap->pos = g->positions;
+    ap->pos_axis_stride = g->pos_axis_stride;
+    ap->pos_dtype = (int)g->pos_dtype;
+    ap->mscale = (float)g->mscale;
+    ap->mode = (int)g->mode;
+    memcpy(ap->sections, g->sections, sizeof ap->sections);
+    ap->freq_base = g->freq_base, ap->exp_n = g->exp_n, ap->freq_scale = g->freq_scale;
+    ap->ext_factor = g->ext_factor, ap->ramp_low = g->ramp_low, ap->ramp_high = g->ramp_high;
+}
+
+Cache cache_of(const lmk_rows &r, uint64_t rows, float scale)
+{
+    Cache c{};
+    const uint64_t es = lmk_dtype_size(r.dtype);
+    c.t = Tensor{(unsigned char *)r.data, r.tok * es, r.head * es};
+    c.rows = rows;
+    c.f8 = r.dtype == LMK_F8E4M3;
+    c.scale = scale;
+    c.inv = 1.0f / scale;
+    /* x * inv rounds exactly as x / scale when scale is a power of two with a normal reciprocal. */
+    int ex;
+    c.pow2 = frexpf(scale, &ex) == 0.5f && isnormal(scale) && isnormal(c.inv);
+    return c;
+}
+
+Tensor tensor_of(const void *data, size_t tok, size_t head, uint64_t es)
+{
+    return Tensor{(unsigned char *)data, tok * es, head * es};
+}
+
+/* The operands, norms and row kinds of the call. */
+void plan_operands(const lmk_attn_prologue_args *a, ApParams *p)
+{
+    const lmk_rope_args *r = &a->rope;
+    const uint64_t es = r->dtype == LMK_F32 ? 4 : 2;
+    const lmk_rope_tensor *q = &r->t[0], *k = &r->t[1];
+    p->q_in = tensor_of(q->in, q->in_tok, q->in_head, es);
+    p->q_out = tensor_of(q->out, q->out_tok, q->out_head, es);
+    p->k_in = tensor_of(k->in, k->in_tok, k->in_head, es);
+    p->k_out = tensor_of(k->out, k->out_tok, k->out_head, es);
+    p->v_in = tensor_of(a->v_in.data, a->v_in.tok, a->v_in.head, es);
+    p->cache[0] = cache_of(a->k_cache, a->k_slots, a->k_scale);
+    p->cache[1] = cache_of(a->v_cache, a->v_slots, a->v_scale);
+    p->q_w = a->q_norm_w, p->k_w = a->k_norm_w;
+    p->q_w_dt = (int)a->q_norm_dtype, p->k_w_dt = (int)a->k_norm_dtype;
+    p->w_off = (float)a->weight_offset, p->eps = (float)a->eps, p->inv_d = 1.0f / (float)r->head_dim;
+    p->D = r->head_dim, p->hq = q->n_heads, p->hk = k->n_heads;
+    p->rows = p->hq + p->hk + (a->v_cache.data ? p->hk : 0);
+    p->half = r->rope_dim / 2;
+    p->slots = a->slots, p->slot_i64 = a->slot_dtype == LMK_I64;
+}
+
+/* The launch: one row per team; 256-thread blocks, or 128 when the rows fill at most 2 blocks of
+ * 256 per SM (decode: more, smaller blocks spread a call over more SMs). A block takes a tile of
+ * whole tokens (one angle per thread at most) or, when a token has more rows than a block has
+ * teams, a group of a token's rows. Every block has at least one row; tasks per block <= 256. */
+void plan_launch(ApParams *p, int sm_count, LaunchPlan *L)
+{
+    Plan &pl = p->pl;
+    const uint64_t lanes = 1u << pl.l_log2, seq = pl.seq, rows = p->rows;
+    const uint64_t sms = (uint64_t)(sm_count > 0 ? sm_count : 1);
+    const bool spread = seq * rows * lanes <= 2 * sms * kThreads;
+    const uint64_t cap = (spread ? kSpreadThreads : kThreads) / lanes; /* teams per block */
+    uint64_t tile = 1, groups = 1;
+    if (rows <= cap) {
+        const uint64_t angle_cap = p->half >= kThreads ? 1 : kThreads / p->half;
+        tile = cap / rows;
+        tile = tile > angle_cap ? angle_cap : tile;
+        tile = tile > seq ? seq : tile;
+    } else {
+        groups = ceil_div(rows, cap);
+    }
+    pl.rpg = (uint32_t)ceil_div(rows, groups);
+    groups = ceil_div(rows, pl.rpg);
+    pl.groups = (uint32_t)groups;
+    pl.tile = (uint32_t)tile;
+    pl.magic = (uint32_t)(((1u << kMagicShift) + pl.rpg - 1) / pl.rpg);
+    pl.n_blocks = ceil_div(seq, tile) * groups;
+    L->threads = dim3((unsigned)(ceil_div(tile * pl.rpg * lanes, 32) * 32), 1, 1);
+    L->blocks = dim3((unsigned)pl.n_blocks, 1, 1);
+    if (pl.n_blocks > 0x7fffffffu) /* T near 2^32 with one token per tile */
+        L->blocks = dim3(1u << 30, (unsigned)ceil_div(pl.n_blocks, 1u << 30), 1);
+    /* Shared memory: (cos, sin) of tile x half pairs, 2 x D weights, tile slots. */
+    const uint64_t cs_bytes = ceil_div(tile * p->half * sizeof(float2), 16) * 16;
+    const uint64_t w_bytes = (p->q_w || p->k_w) ? 2ull * p->D * sizeof(float) : 0;
+    pl.w_at = (uint32_t)(cs_bytes / sizeof(float));
+    pl.slot_at = (uint32_t)(cs_bytes + w_bytes);
+    L->smem = (size_t)(cs_bytes + w_bytes + (p->slots ? tile * sizeof(int64_t) : 0));
 }
 
 } /* namespace */
@@ -268,59 +1091,25 @@ lmk_status lmk_cuda_attn_prologue(lmk_stream *s, const void *args)
     if (r->head_dim > kMaxDim || a->v_dim > kMaxDim)
         return lmk_fail(LMK_ERR_UNSUPPORTED, "%s: head_dim (%u) and Dv (%u) must be <= %u on CUDA", op, r->head_dim,
                         a->v_dim, kMaxDim);
-    Params p = {};
-    p.q_in = (const unsigned char *)r->t[0].in;
-    p.k_in = (const unsigned char *)r->t[1].in;
-    p.v_in = (const unsigned char *)a->v_in.data;
-    p.q_tok = r->t[0].in_tok, p.q_head = r->t[0].in_head;
-    p.k_tok = r->t[1].in_tok, p.k_head = r->t[1].in_head;
-    p.v_tok = a->v_in.tok, p.v_head = a->v_in.head;
-    p.q_out = Dest{(unsigned char *)r->t[0].out, r->t[0].out_tok, r->t[0].out_head, (int)r->dtype, 1.0f};
-    p.k_out = Dest{(unsigned char *)r->t[1].out, r->t[1].out_tok, r->t[1].out_head, (int)r->dtype, 1.0f};
-    p.k_cache = dest_of(a->k_cache);
-    p.k_cache.scale = a->k_scale;
-    p.v_cache = dest_of(a->v_cache);
-    p.v_cache.scale = a->v_scale;
-    p.q_w = a->q_norm_w, p.k_w = a->k_norm_w;
-    p.q_w_dt = (int)a->q_norm_dtype, p.k_w_dt = (int)a->k_norm_dtype;
-    p.eps = (float)a->eps, p.w_off = (float)a->weight_offset, p.mscale = (float)r->angle.mscale;
-    p.dt = (int)r->dtype;
-    p.T = r->seq_len, p.hq = r->t[0].n_heads, p.hk = r->t[1].n_heads, p.D = r->head_dim, p.dv = a->v_dim;
-    p.rows = p.hq + p.hk + (a->v_cache.data ? p.hk : 0);
-    p.interleaved = r->interleaved, p.pair_stride = r->pair_stride, p.n_pairs = r->angle.n_pairs;
-    p.rope_dim = r->rope_dim;
-    const lmk_rope_angle *g = &r->angle;
-    p.mode = (int)g->mode;
-    for (int i = 0; i < 4; i++)
-        p.sections[i] = g->sections[i];
-    p.freq_base = g->freq_base, p.exp_n = g->exp_n, p.freq_scale = g->freq_scale, p.ext_factor = g->ext_factor;
-    p.ramp_low = g->ramp_low, p.ramp_high = g->ramp_high;
-    p.ff = g->freq_factors, p.pos = g->positions, p.pos_dt = (int)g->pos_dtype, p.pos_axis_stride = g->pos_axis_stride;
-    p.slots = a->slots, p.slot_dt = (int)a->slot_dtype, p.k_slots = a->k_slots, p.v_slots = a->v_slots;
-
-    /* Warps per block: kWarps unless their row buffers and the angle table exceed the shared memory
-     * (head_dim > 1280); with head_dim <= kMaxDim one warp always fits. */
-    const size_t table = (size_t)((p.n_pairs + 1) & ~1u) * sizeof(float2);
-    uint32_t warps = kWarps;
-    while (warps > 1 && table + (size_t)warps * p.D * sizeof(float) > kSmemLimit)
-        warps--;
-    const size_t smem = table + (size_t)warps * p.D * sizeof(float);
-    /* Rows per block: a token's rows all in one block when the tokens alone fill the GPU, else one
-     * row per warp so that a short call spreads over the SMs. */
-    const uint64_t sms = (uint64_t)d->sm_count;
-    p.rows_per_block = (uint64_t)p.T >= 2 * sms ? p.rows : warps;
-    const uint32_t groups = (p.rows + p.rows_per_block - 1) / p.rows_per_block;
-    if (groups > 65535u)
-        return lmk_fail(LMK_ERR_UNSUPPORTED, "%s: %u heads per token exceed the CUDA kernel's grid (%u row groups)", op,
-                        p.rows, groups);
-    const uint32_t blocks_x = p.T < 65535u * 16u ? p.T : 65535u * 16u;
-    prologue_kernel<<<dim3(blocks_x, groups, 1), warps * 32, smem, lmk_cuda_stream_of(s)>>>(p);
-    const cudaError_t e = cudaGetLastError();
+    ApParams p{};
+    plan_operands(a, &p);
+    const uint32_t ve = plan_units(a);
+    plan_kinds(a, ve, &p);
+    bool chunk;
+    plan_team(&p, ve == 1 ? (r->dtype == LMK_F32 ? kItems<4> : kItems<2>) : kItems<16>, &chunk);
+    plan_angles(&r->angle, &p.a);
+    p.pl.seq = r->seq_len;
+    LaunchPlan L;
+    plan_launch(&p, d->sm_count, &L);
+    const cudaError_t e = launch_dtype(r->dtype, ve, chunk, p, L, lmk_cuda_stream_of(s));
     return e == cudaSuccess ? LMK_OK : lmk_cuda_fail(e, "attn_prologue: kernel launch");
 }
 
 cudaError_t lmk_cuda_attn_prologue_preload(void)
 {
-    cudaFuncAttributes attr;
-    return cudaFuncGetAttributes(&attr, prologue_kernel);
+    cudaError_t first = cudaSuccess;
+    preload_dtype<LMK_F32>(&first);
+    preload_dtype<LMK_BF16>(&first);
+    preload_dtype<LMK_F16>(&first);
+    return first;
 }
