@@ -77,6 +77,7 @@ constexpr int kSpreadThreads = 128;    /* threads of a block when rows are sprea
  * half as many elements. */
 template <int NB> constexpr int kItems = NB == 16 ? 2 : 4;
 constexpr uint32_t kMaxDim = 4096;     /* largest head_dim and Dv */
+constexpr size_t kChunkSmem = 64 * 1024; /* shared memory a CHUNK kernel may take (preload_one) */
 constexpr uint32_t kTabPairs = 128;    /* pairs whose angle factor the host tabulates */
 constexpr int kFreqCache = 4;          /* host angle tables kept per thread */
 constexpr uint32_t kMagicShift = 20;   /* task k < 1024 of a block: k / n = (k * magic) >> 20 */
@@ -791,12 +792,6 @@ struct LaunchPlan {
 template <int DT, int VE, int U, bool CHUNK>
 cudaError_t launch(const ApParams &p, const LaunchPlan &L, cudaStream_t st)
 {
-    if (L.smem > 48 * 1024) { /* head_dim near 4096 with both norms and a full rope */
-        const cudaError_t e = cudaFuncSetAttribute(prologue_kernel<DT, VE, U, CHUNK>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L.smem);
-        if (e != cudaSuccess)
-            return e;
-    }
     prologue_kernel<DT, VE, U, CHUNK><<<L.blocks, L.threads, L.smem, st>>>(p);
     return cudaGetLastError();
 }
@@ -826,10 +821,16 @@ cudaError_t launch_dtype(lmk_dtype dt, uint32_t ve, bool chunk, const ApParams &
     }
 }
 
+/* Loads an instantiation; the CHUNK ones (the only ones whose shared memory can pass 48 KB: head_dim
+ * 4096 with a full rope, both norms and slots needs 48 KB + 8 bytes) may use up to kChunkSmem, set
+ * here once per device rather than in an op call. */
 template <int DT, int VE, int U, bool CHUNK> void preload_one(cudaError_t *first)
 {
     cudaFuncAttributes attr;
-    const cudaError_t e = cudaFuncGetAttributes(&attr, prologue_kernel<DT, VE, U, CHUNK>);
+    cudaError_t e = cudaFuncGetAttributes(&attr, prologue_kernel<DT, VE, U, CHUNK>);
+    if (CHUNK && e == cudaSuccess)
+        e = cudaFuncSetAttribute(prologue_kernel<DT, VE, U, CHUNK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)kChunkSmem);
     if (e != cudaSuccess && *first == cudaSuccess)
         *first = e;
 }
@@ -1091,6 +1092,10 @@ lmk_status lmk_cuda_attn_prologue(lmk_stream *s, const void *args)
     if (r->head_dim > kMaxDim || a->v_dim > kMaxDim)
         return lmk_fail(LMK_ERR_UNSUPPORTED, "%s: head_dim (%u) and Dv (%u) must be <= %u on CUDA", op, r->head_dim,
                         a->v_dim, kMaxDim);
+    const uint64_t rows = (uint64_t)r->t[0].n_heads + 2ull * r->t[1].n_heads;
+    if (rows > 0x7fffffffu) /* rows of a token are 32-bit in the kernel; validation bounds heads by memory */
+        return lmk_fail(LMK_ERR_UNSUPPORTED, "%s: %llu heads per token (q, k and v) exceed the CUDA kernel's limit of "
+                        "2^31 - 1", op, (unsigned long long)rows);
     ApParams p{};
     plan_operands(a, &p);
     const uint32_t ve = plan_units(a);
@@ -1101,6 +1106,9 @@ lmk_status lmk_cuda_attn_prologue(lmk_stream *s, const void *args)
     p.pl.seq = r->seq_len;
     LaunchPlan L;
     plan_launch(&p, d->sm_count, &L);
+    if (L.smem > (chunk ? kChunkSmem : 48 * 1024)) /* cannot happen for head_dim, Dv <= 4096 */
+        return lmk_fail(LMK_ERR_UNSUPPORTED, "%s: %zu bytes of shared memory exceed the CUDA kernel's limit", op,
+                        L.smem);
     const cudaError_t e = launch_dtype(r->dtype, ve, chunk, p, L, lmk_cuda_stream_of(s));
     return e == cudaSuccess ? LMK_OK : lmk_cuda_fail(e, "attn_prologue: kernel launch");
 }
