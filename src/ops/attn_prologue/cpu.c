@@ -12,24 +12,26 @@
  * Rows of up to FAST_DIM elements with rope_dim/2 <= CHUNK (every real model) take the row path.
  * Rows go in groups of ROW_GROUP heads: the group's sums of squares first (so that the norm
  * factors' divides and square roots do not wait on each other), then each row, still in L1, is
- * widened, scaled by r * (w + offset) and rotated into an f32 buffer in one pass, and narrowed
- * from it once per destination. The steps have AVX-512 and AVX2 versions, chosen at device open
- * like lmk_rope's (lmk_cpu_stream_isa), and scalar ones for the scalar level and LMK_CPU_PORTABLE
- * builds. Split pairs (NEOX, MROPE, IMROPE, VISION: x[p], x[p + pair_stride]) rotate a vector of
- * a's against a vector of b's; NORMAL's adjacent pairs rotate one vector of both with cos/sin
- * duplicated into lane pairs and the pair swapped in-lane. The vector narrowing gives the bits of
- * lmk_f32_to_bf16 / lmk_f32_to_f16 (NaN included) and of lmk_f8e4m3_from_f32_bits (core/f8.h) on
- * x / scale. Outputs of a large call whose rows are whole, aligned cache lines are written with
- * streaming stores. Rows larger than FAST_DIM or with more pairs than CHUNK take an element-wise
- * path. docs/cpu_notes.md ("attn_prologue") has the measurements.
+ * widened, scaled by r * (w + offset) and rotated in one pass: straight into its destination when
+ * it has one in the input dtype (q_out; k with only k_out or only a same-dtype cache), else into
+ * an f32 buffer narrowed once per destination. The steps have AVX-512 and AVX2 versions, chosen
+ * at device open like lmk_rope's (lmk_cpu_stream_isa), and scalar ones for the scalar level and
+ * LMK_CPU_PORTABLE builds. Split pairs (NEOX, MROPE, IMROPE, VISION: x[p], x[p + pair_stride])
+ * rotate a vector of a's against a vector of b's; NORMAL's adjacent pairs rotate one vector of
+ * both with cos/sin duplicated into lane pairs and the pair swapped in-lane. The vector narrowing
+ * gives the bits of lmk_f32_to_bf16 / lmk_f32_to_f16 (NaN included) and of
+ * lmk_f8e4m3_from_f32_bits (core/f8.h) on x / scale. Outputs of a large call whose rows are whole,
+ * aligned cache lines are written with streaming stores, and the next token's rows are prefetched
+ * while a token is computed. Rows larger than FAST_DIM or with more pairs than CHUNK take an
+ * element-wise path. docs/cpu_notes.md ("attn_prologue") has the measurements.
  *
  * Angles use libm's double cos/sin: lmk_rope's vector sin/cos is private to src/ops/rope/cpu.c
  * (docs/cpu_notes.md says what sharing it would save).
  *
  * Stack use is fixed: per-pair tables for CHUNK pairs (larger rope_dim is processed chunk by
  * chunk), norm factors for CHUNK rows at a time, and on the row path one row and one widened norm
- * weight (refilled per token for q and for k): 8.7 KB in all measured at -O2, 13.7 KB at -O0,
- * inside lmk.h's 16 KiB bound (tests/test_small_stack.c).
+ * weight (refilled per token for q and for k): 8.9 KB in all measured at -O2, 14.9 KB at -O0
+ * (gcc), inside lmk.h's 16 KiB bound (tests/test_small_stack.c).
  */
 #include "cpu/cpu.h"
 #include "ops/attn_prologue/attn_prologue.h"
@@ -70,6 +72,8 @@ typedef struct ap_job {
     const lmk_attn_prologue_args *a;
     lmk_cpu_isa isa;
     size_t es, k_ces;             /* bytes per element of q/k/v and of the k cache */
+    bool direct_ok;               /* a vector level and pairs and gaps of whole vectors: builds
+                                   * may store straight to a row's only destination (TO_DEST) */
     int nt_q, nt_k, nt_kc, nt_vc; /* q_out, k_out, k cache, v cache */
 } ap_job;
 
@@ -312,13 +316,14 @@ static void do_token(const ap_job *jb, ap_table *tb, bool freqs_cached, size_t t
 
 /* ---- the row path: steps ----
  *
- * Each ISA level provides the same four steps: the sum of squares of an input row (in double);
- * build, which widens the row into an f32 buffer x scaled by r * (w + offset) and rotated, in one
- * pass over the pairs and then the elements outside them; narrow, which stores a range of x to a
- * destination; and widen (v to an f8 cache). Without a norm r is 1 and the weights are 1, so x * r
- * * w is x exactly. The per-element formulas are the same at every level; only the summation order
- * of the sum of squares and the FMA contraction of the rotation differ, within lmk.h's contract. */
-
+ * Each ISA level provides the same steps: the sum of squares of an input row; build, which reads
+ * the row once, scales it by r * (w + offset) and rotates its pairs, storing the results either
+ * into an f32 row buffer x or, when the row has one destination in the input dtype and no element
+ * must stay a bit copy, narrowed straight into that destination (TO_DEST); narrow, which stores a
+ * range of x to a destination; and widen (v to an f8 cache). Without a norm r and the weights are
+ * 1, so x * r * w is x exactly. The per-element formulas are the same at every level; the sum of
+ * squares (double on the scalar level, f32 partial sums on the vector ones) and the FMA
+ * contraction of the rotation differ, within lmk.h's contract. */
 
 static double sumsq_scalar(lmk_dtype dt, const unsigned char *in, size_t i0, size_t n)
 {
@@ -401,6 +406,10 @@ static void narrow_scalar(const row_dest *d, const float *x, size_t lo, size_t h
         break;
     }
 }
+
+/* Where a build puts its results: the f32 row buffer, or narrowed straight into the row's only
+ * destination (plain or streaming stores) when nothing else needs the row (direct_ok). */
+enum { TO_X = 0, TO_DEST = 1, TO_DEST_NT = 2 };
 
 #if LMK_CPU_X86
 /* The dtype loops below are inlined into each instantiation when optimizing. At -O0 nothing is
@@ -486,86 +495,6 @@ LMK_TARGET_AVX512 static double sumsq16(lmk_dtype dt, const unsigned char *in, s
                                                                          : sumsq16_f64(LMK_F16, in, n);
 }
 
-/* 16 input elements from i, times r * w. */
-STEP_KERNEL LMK_TARGET_AVX512 __m512 scaled16(lmk_dtype dt, const unsigned char *in, size_t i, __m512 rv, const float *w)
-{
-    return _mm512_mul_ps(_mm512_mul_ps(load16(dt, in + i * (dt == LMK_F32 ? 4 : 2)), rv), _mm512_loadu_ps(w + i));
-}
-
-STEP_KERNEL LMK_TARGET_AVX512 void gap16(lmk_dtype dt, const unsigned char *in, float *x, const float *w, float r,
-                                         size_t lo, size_t hi)
-{
-    const __m512 rv = _mm512_set1_ps(r);
-    size_t i = lo;
-    for (; i + 16 <= hi; i += 16)
-        _mm512_storeu_ps(x + i, scaled16(dt, in, i, rv, w));
-    gap_scalar(dt, in, x, w, r, i, hi);
-}
-
-/* Split pairs 16 at a time, a vector of a's against a vector of b's (stride >= n: the two never
- * overlap); adjacent pairs 8 at a time: out = x * (c, c) + swap(x) * (-s, s), cos/sin
- * duplicated into lane pairs (the even lanes are a*c - b*s as in the split case). */
-STEP_KERNEL LMK_TARGET_AVX512 void build16_dt(lmk_dtype dt, const lmk_rope_args *ra, const unsigned char *in, float *x,
-                                              const float *w, float r, const ap_table *tb)
-{
-    const size_t n = ra->angle.n_pairs, st = ra->pair_stride;
-    const __m512 rv = _mm512_set1_ps(r);
-    size_t p = 0, g[2][2];
-    if (ra->interleaved) {
-        const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-        const __m512i neg_even = _mm512_set1_epi64(0x80000000); /* sign bit of lanes 0, 2, 4, ... */
-        for (; p + 8 <= n; p += 8) {
-            const __m512 v = scaled16(dt, in, 2 * p, rv, w);
-            const __m512 cv = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(tb->c + p)));
-            const __m512 sv = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(tb->s + p)));
-            const __m512 sa = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(sv), neg_even));
-            _mm512_storeu_ps(x + 2 * p, _mm512_fmadd_ps(v, cv, _mm512_mul_ps(_mm512_permute_ps(v, 0xB1), sa)));
-        }
-    } else {
-        for (; p + 16 <= n; p += 16) {
-            const __m512 a = scaled16(dt, in, p, rv, w), b = scaled16(dt, in, p + st, rv, w);
-            const __m512 cv = _mm512_loadu_ps(tb->c + p), sv = _mm512_loadu_ps(tb->s + p);
-            _mm512_storeu_ps(x + p, _mm512_fmsub_ps(a, cv, _mm512_mul_ps(b, sv)));
-            _mm512_storeu_ps(x + p + st, _mm512_fmadd_ps(a, sv, _mm512_mul_ps(b, cv)));
-        }
-    }
-    if (p < n) /* the scalar tail is a call: skip it when empty */
-        pairs_scalar(dt, in, x, w, r, tb, p, n, st, ra->interleaved);
-    gaps_of(ra, g);
-    gap16(dt, in, x, w, r, g[0][0], g[0][1]);
-    gap16(dt, in, x, w, r, g[1][0], g[1][1]);
-}
-
-LMK_TARGET_AVX512 static void build16(lmk_dtype dt, const lmk_rope_args *ra, const unsigned char *in, float *x,
-                                      const float *w, float r, const ap_table *tb)
-{
-    if (dt == LMK_F32)
-        build16_dt(LMK_F32, ra, in, x, w, r, tb);
-    else if (dt == LMK_BF16)
-        build16_dt(LMK_BF16, ra, in, x, w, r, tb);
-    else
-        build16_dt(LMK_F16, ra, in, x, w, r, tb);
-}
-
-STEP_KERNEL LMK_TARGET_AVX512 void widen16_dt(lmk_dtype dt, const unsigned char *in, float *x, size_t n)
-{
-    const size_t es = dt == LMK_F32 ? 4 : 2;
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(x + i, load16(dt, in + i * es));
-    widen_scalar(dt, in, x, i, n);
-}
-
-LMK_TARGET_AVX512 static void widen16(lmk_dtype dt, const unsigned char *in, float *x, size_t n)
-{
-    if (dt == LMK_F32)
-        widen16_dt(LMK_F32, in, x, n);
-    else if (dt == LMK_BF16)
-        widen16_dt(LMK_BF16, in, x, n);
-    else
-        widen16_dt(LMK_F16, in, x, n);
-}
-
 /* 16 f8 codes, lane by lane lmk_f8e4m3_from_f32_bits (core/f8.h): normal E4M3 values by the same
  * integer rounding on the bits ((r >> 20) - 960 is ((r >> 23) - 120) << 3 | (r >> 20) & 7, and
  * the min saturates everything from 464 up, infinity included); below 2^-6, round-to-nearest-even
@@ -598,6 +527,125 @@ STEP_KERNEL LMK_TARGET_AVX512 __m256i bf16_16(__m512 v)
     return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
 }
 
+/* 16 results stored to p in dtype odt (f8: x / scale already divided). */
+STEP_KERNEL LMK_TARGET_AVX512 void store16(lmk_dtype odt, int nt, unsigned char *p, __m512 v)
+{
+    if (odt == LMK_F32) {
+        if (nt)
+            _mm512_stream_ps((float *)(void *)p, v);
+        else
+            _mm512_storeu_ps(p, v);
+    } else if (odt == LMK_F8E4M3) {
+        const __m128i b = f8_16(v);
+        if (nt)
+            _mm_stream_si128((__m128i *)(void *)p, b);
+        else
+            _mm_storeu_si128((__m128i *)(void *)p, b);
+    } else {
+        const __m256i h = odt == LMK_BF16 ? bf16_16(v) : _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        if (nt)
+            _mm256_stream_si256((__m256i *)(void *)p, h);
+        else
+            _mm256_storeu_si256((__m256i *)(void *)p, h);
+    }
+}
+
+/* Elements [i, i + 16) of a build's output. */
+STEP_KERNEL LMK_TARGET_AVX512 void put16(int to, lmk_dtype dt, void *out, size_t i, __m512 v)
+{
+    if (to == TO_X)
+        _mm512_storeu_ps((float *)out + i, v);
+    else
+        store16(dt, to == TO_DEST_NT, (unsigned char *)out + i * (dt == LMK_F32 ? 4 : 2), v);
+}
+
+/* 16 input elements from i, times r * w. */
+STEP_KERNEL LMK_TARGET_AVX512 __m512 scaled16(lmk_dtype dt, const unsigned char *in, size_t i, __m512 rv, const float *w)
+{
+    return _mm512_mul_ps(_mm512_mul_ps(load16(dt, in + i * (dt == LMK_F32 ? 4 : 2)), rv), _mm512_loadu_ps(w + i));
+}
+
+STEP_KERNEL LMK_TARGET_AVX512 void gap16(lmk_dtype dt, int to, const unsigned char *in, void *out, const float *w,
+                                         float r, size_t lo, size_t hi)
+{
+    const __m512 rv = _mm512_set1_ps(r);
+    size_t i = lo;
+    for (; i + 16 <= hi; i += 16)
+        put16(to, dt, out, i, scaled16(dt, in, i, rv, w));
+    if (i < hi) /* only with to == TO_X (direct_ok) */
+        gap_scalar(dt, in, (float *)out, w, r, i, hi);
+}
+
+/* Split pairs 16 at a time, a vector of a's against a vector of b's (stride >= n: the two never
+ * overlap); adjacent pairs 8 at a time: out = x * (c, c) + swap(x) * (-s, s), cos/sin
+ * duplicated into lane pairs (the even lanes are a*c - b*s as in the split case). */
+STEP_KERNEL LMK_TARGET_AVX512 void build16_dt(lmk_dtype dt, int to, const lmk_rope_args *ra, const unsigned char *in,
+                                              void *out, const float *w, float r, const ap_table *tb)
+{
+    const size_t n = ra->angle.n_pairs, st = ra->pair_stride;
+    const __m512 rv = _mm512_set1_ps(r);
+    size_t p = 0, g[2][2];
+    if (ra->interleaved) {
+        const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+        const __m512i neg_even = _mm512_set1_epi64(0x80000000); /* sign bit of lanes 0, 2, 4, ... */
+        for (; p + 8 <= n; p += 8) {
+            const __m512 v = scaled16(dt, in, 2 * p, rv, w);
+            const __m512 cv = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(tb->c + p)));
+            const __m512 sv = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(tb->s + p)));
+            const __m512 sa = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(sv), neg_even));
+            put16(to, dt, out, 2 * p, _mm512_fmadd_ps(v, cv, _mm512_mul_ps(_mm512_permute_ps(v, 0xB1), sa)));
+        }
+    } else {
+        for (; p + 16 <= n; p += 16) {
+            const __m512 a = scaled16(dt, in, p, rv, w), b = scaled16(dt, in, p + st, rv, w);
+            const __m512 cv = _mm512_loadu_ps(tb->c + p), sv = _mm512_loadu_ps(tb->s + p);
+            put16(to, dt, out, p, _mm512_fmsub_ps(a, cv, _mm512_mul_ps(b, sv)));
+            put16(to, dt, out, p + st, _mm512_fmadd_ps(a, sv, _mm512_mul_ps(b, cv)));
+        }
+    }
+    if (p < n) /* only with to == TO_X (direct_ok); the tail is a call: skip it when empty */
+        pairs_scalar(dt, in, (float *)out, w, r, tb, p, n, st, ra->interleaved);
+    gaps_of(ra, g);
+    gap16(dt, to, in, out, w, r, g[0][0], g[0][1]);
+    gap16(dt, to, in, out, w, r, g[1][0], g[1][1]);
+}
+
+LMK_TARGET_AVX512 static void build16(lmk_dtype dt, int to, const lmk_rope_args *ra, const unsigned char *in, void *out,
+                                      const float *w, float r, const ap_table *tb)
+{
+    if (to == TO_X)
+        dt == LMK_F32    ? build16_dt(LMK_F32, TO_X, ra, in, out, w, r, tb)
+        : dt == LMK_BF16 ? build16_dt(LMK_BF16, TO_X, ra, in, out, w, r, tb)
+                         : build16_dt(LMK_F16, TO_X, ra, in, out, w, r, tb);
+    else if (to == TO_DEST)
+        dt == LMK_F32    ? build16_dt(LMK_F32, TO_DEST, ra, in, out, w, r, tb)
+        : dt == LMK_BF16 ? build16_dt(LMK_BF16, TO_DEST, ra, in, out, w, r, tb)
+                         : build16_dt(LMK_F16, TO_DEST, ra, in, out, w, r, tb);
+    else
+        dt == LMK_F32    ? build16_dt(LMK_F32, TO_DEST_NT, ra, in, out, w, r, tb)
+        : dt == LMK_BF16 ? build16_dt(LMK_BF16, TO_DEST_NT, ra, in, out, w, r, tb)
+                         : build16_dt(LMK_F16, TO_DEST_NT, ra, in, out, w, r, tb);
+}
+
+STEP_KERNEL LMK_TARGET_AVX512 void widen16_dt(lmk_dtype dt, const unsigned char *in, float *x, size_t n)
+{
+    const size_t es = dt == LMK_F32 ? 4 : 2;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(x + i, load16(dt, in + i * es));
+    widen_scalar(dt, in, x, i, n);
+}
+
+LMK_TARGET_AVX512 static void widen16(lmk_dtype dt, const unsigned char *in, float *x, size_t n)
+{
+    if (dt == LMK_F32)
+        widen16_dt(LMK_F32, in, x, n);
+    else if (dt == LMK_BF16)
+        widen16_dt(LMK_BF16, in, x, n);
+    else
+        widen16_dt(LMK_F16, in, x, n);
+}
+
 /* Elements [lo, hi) of x into d (dtype odt), 16 at a time. With nt the range is whole aligned
  * lines, so the scalar tail never streams. */
 STEP_KERNEL LMK_TARGET_AVX512 void narrow16_dt(lmk_dtype odt, int nt, const row_dest *d, const float *x, size_t lo,
@@ -605,32 +653,11 @@ STEP_KERNEL LMK_TARGET_AVX512 void narrow16_dt(lmk_dtype odt, int nt, const row_
 {
     const size_t oes = odt == LMK_F32 ? 4 : odt == LMK_F8E4M3 ? 1 : 2;
     const __m512 scale = _mm512_set1_ps(d->scale);
-    const int scaled = d->scale != 1.0f; /* x / 1 is x: skip the division */
+    const int scaled = odt == LMK_F8E4M3 && d->scale != 1.0f; /* x / 1 is x: skip the division */
     size_t i = lo;
     for (; i + 16 <= hi; i += 16) {
-        __m512 v = _mm512_loadu_ps(x + i);
-        unsigned char *p = d->p + i * oes;
-        if (odt == LMK_F32) {
-            if (nt)
-                _mm512_stream_ps((float *)(void *)p, v);
-            else
-                _mm512_storeu_ps(p, v);
-        } else if (odt == LMK_F8E4M3) {
-            if (scaled)
-                v = _mm512_div_ps(v, scale);
-            const __m128i b = f8_16(v);
-            if (nt)
-                _mm_stream_si128((__m128i *)(void *)p, b);
-            else
-                _mm_storeu_si128((__m128i *)(void *)p, b);
-        } else {
-            const __m256i h = odt == LMK_BF16 ? bf16_16(v)
-                                              : _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            if (nt)
-                _mm256_stream_si256((__m256i *)(void *)p, h);
-            else
-                _mm256_storeu_si256((__m256i *)(void *)p, h);
-        }
+        const __m512 v = _mm512_loadu_ps(x + i);
+        store16(odt, nt, d->p + i * oes, scaled ? _mm512_div_ps(v, scale) : v);
     }
     if (i < hi)
         narrow_scalar(d, x, i, hi);
@@ -720,82 +747,6 @@ LMK_TARGET_AVX2 static double sumsq8(lmk_dtype dt, const unsigned char *in, size
                                                                         : sumsq8_f64(LMK_F16, in, n);
 }
 
-STEP_KERNEL LMK_TARGET_AVX2 __m256 scaled8(lmk_dtype dt, const unsigned char *in, size_t i, __m256 rv, const float *w)
-{
-    return _mm256_mul_ps(_mm256_mul_ps(load8(dt, in + i * (dt == LMK_F32 ? 4 : 2)), rv), _mm256_loadu_ps(w + i));
-}
-
-STEP_KERNEL LMK_TARGET_AVX2 void gap8(lmk_dtype dt, const unsigned char *in, float *x, const float *w, float r,
-                                      size_t lo, size_t hi)
-{
-    const __m256 rv = _mm256_set1_ps(r);
-    size_t i = lo;
-    for (; i + 8 <= hi; i += 8)
-        _mm256_storeu_ps(x + i, scaled8(dt, in, i, rv, w));
-    gap_scalar(dt, in, x, w, r, i, hi);
-}
-
-STEP_KERNEL LMK_TARGET_AVX2 void build8_dt(lmk_dtype dt, const lmk_rope_args *ra, const unsigned char *in, float *x,
-                                           const float *w, float r, const ap_table *tb)
-{
-    const size_t n = ra->angle.n_pairs, st = ra->pair_stride;
-    const __m256 rv = _mm256_set1_ps(r);
-    size_t p = 0, g[2][2];
-    if (ra->interleaved) {
-        const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-        const __m256 neg_even = _mm256_castsi256_ps(_mm256_set1_epi64x(0x80000000));
-        for (; p + 4 <= n; p += 4) {
-            const __m256 v = scaled8(dt, in, 2 * p, rv, w);
-            const __m256 cv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(tb->c + p)), dup);
-            const __m256 sv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(tb->s + p)), dup);
-            const __m256 sa = _mm256_xor_ps(sv, neg_even);
-            _mm256_storeu_ps(x + 2 * p, _mm256_fmadd_ps(v, cv, _mm256_mul_ps(_mm256_permute_ps(v, 0xB1), sa)));
-        }
-    } else {
-        for (; p + 8 <= n; p += 8) {
-            const __m256 a = scaled8(dt, in, p, rv, w), b = scaled8(dt, in, p + st, rv, w);
-            const __m256 cv = _mm256_loadu_ps(tb->c + p), sv = _mm256_loadu_ps(tb->s + p);
-            _mm256_storeu_ps(x + p, _mm256_fmsub_ps(a, cv, _mm256_mul_ps(b, sv)));
-            _mm256_storeu_ps(x + p + st, _mm256_fmadd_ps(a, sv, _mm256_mul_ps(b, cv)));
-        }
-    }
-    if (p < n) /* the scalar tail is a call: skip it when empty */
-        pairs_scalar(dt, in, x, w, r, tb, p, n, st, ra->interleaved);
-    gaps_of(ra, g);
-    gap8(dt, in, x, w, r, g[0][0], g[0][1]);
-    gap8(dt, in, x, w, r, g[1][0], g[1][1]);
-}
-
-LMK_TARGET_AVX2 static void build8(lmk_dtype dt, const lmk_rope_args *ra, const unsigned char *in, float *x,
-                                   const float *w, float r, const ap_table *tb)
-{
-    if (dt == LMK_F32)
-        build8_dt(LMK_F32, ra, in, x, w, r, tb);
-    else if (dt == LMK_BF16)
-        build8_dt(LMK_BF16, ra, in, x, w, r, tb);
-    else
-        build8_dt(LMK_F16, ra, in, x, w, r, tb);
-}
-
-STEP_KERNEL LMK_TARGET_AVX2 void widen8_dt(lmk_dtype dt, const unsigned char *in, float *x, size_t n)
-{
-    const size_t es = dt == LMK_F32 ? 4 : 2;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(x + i, load8(dt, in + i * es));
-    widen_scalar(dt, in, x, i, n);
-}
-
-LMK_TARGET_AVX2 static void widen8(lmk_dtype dt, const unsigned char *in, float *x, size_t n)
-{
-    if (dt == LMK_F32)
-        widen8_dt(LMK_F32, in, x, n);
-    else if (dt == LMK_BF16)
-        widen8_dt(LMK_BF16, in, x, n);
-    else
-        widen8_dt(LMK_F16, in, x, n);
-}
-
 /* f8_16's steps on 8 lanes: the code in the low byte of each 32-bit lane. */
 STEP_KERNEL LMK_TARGET_AVX2 __m256i f8_8(__m256 v)
 {
@@ -832,45 +783,138 @@ STEP_KERNEL LMK_TARGET_AVX2 __m128i bf16_8(__m256 v)
     return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 
+/* 8 results stored to p in dtype odt (f32, bf16 or f16; f8 goes 16 at a time, f8_pack16). */
+STEP_KERNEL LMK_TARGET_AVX2 void store8(lmk_dtype odt, int nt, unsigned char *p, __m256 v)
+{
+    if (odt == LMK_F32) {
+        if (nt)
+            _mm256_stream_ps((float *)(void *)p, v);
+        else
+            _mm256_storeu_ps((float *)(void *)p, v);
+        return;
+    }
+    const __m128i h = odt == LMK_BF16 ? bf16_8(v) : _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    if (nt)
+        _mm_stream_si128((__m128i *)(void *)p, h);
+    else
+        _mm_storeu_si128((__m128i *)(void *)p, h);
+}
+
+/* Elements [i, i + 8) of a build's output. */
+STEP_KERNEL LMK_TARGET_AVX2 void put8(int to, lmk_dtype dt, void *out, size_t i, __m256 v)
+{
+    if (to == TO_X)
+        _mm256_storeu_ps((float *)out + i, v);
+    else
+        store8(dt, to == TO_DEST_NT, (unsigned char *)out + i * (dt == LMK_F32 ? 4 : 2), v);
+}
+
+STEP_KERNEL LMK_TARGET_AVX2 __m256 scaled8(lmk_dtype dt, const unsigned char *in, size_t i, __m256 rv, const float *w)
+{
+    return _mm256_mul_ps(_mm256_mul_ps(load8(dt, in + i * (dt == LMK_F32 ? 4 : 2)), rv), _mm256_loadu_ps(w + i));
+}
+
+STEP_KERNEL LMK_TARGET_AVX2 void gap8(lmk_dtype dt, int to, const unsigned char *in, void *out, const float *w, float r,
+                                      size_t lo, size_t hi)
+{
+    const __m256 rv = _mm256_set1_ps(r);
+    size_t i = lo;
+    for (; i + 8 <= hi; i += 8)
+        put8(to, dt, out, i, scaled8(dt, in, i, rv, w));
+    if (i < hi) /* only with to == TO_X (direct_ok) */
+        gap_scalar(dt, in, (float *)out, w, r, i, hi);
+}
+
+STEP_KERNEL LMK_TARGET_AVX2 void build8_dt(lmk_dtype dt, int to, const lmk_rope_args *ra, const unsigned char *in,
+                                           void *out, const float *w, float r, const ap_table *tb)
+{
+    const size_t n = ra->angle.n_pairs, st = ra->pair_stride;
+    const __m256 rv = _mm256_set1_ps(r);
+    size_t p = 0, g[2][2];
+    if (ra->interleaved) {
+        const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+        const __m256 neg_even = _mm256_castsi256_ps(_mm256_set1_epi64x(0x80000000));
+        for (; p + 4 <= n; p += 4) {
+            const __m256 v = scaled8(dt, in, 2 * p, rv, w);
+            const __m256 cv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(tb->c + p)), dup);
+            const __m256 sv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(tb->s + p)), dup);
+            const __m256 sa = _mm256_xor_ps(sv, neg_even);
+            put8(to, dt, out, 2 * p, _mm256_fmadd_ps(v, cv, _mm256_mul_ps(_mm256_permute_ps(v, 0xB1), sa)));
+        }
+    } else {
+        for (; p + 8 <= n; p += 8) {
+            const __m256 a = scaled8(dt, in, p, rv, w), b = scaled8(dt, in, p + st, rv, w);
+            const __m256 cv = _mm256_loadu_ps(tb->c + p), sv = _mm256_loadu_ps(tb->s + p);
+            put8(to, dt, out, p, _mm256_fmsub_ps(a, cv, _mm256_mul_ps(b, sv)));
+            put8(to, dt, out, p + st, _mm256_fmadd_ps(a, sv, _mm256_mul_ps(b, cv)));
+        }
+    }
+    if (p < n) /* only with to == TO_X (direct_ok); the tail is a call: skip it when empty */
+        pairs_scalar(dt, in, (float *)out, w, r, tb, p, n, st, ra->interleaved);
+    gaps_of(ra, g);
+    gap8(dt, to, in, out, w, r, g[0][0], g[0][1]);
+    gap8(dt, to, in, out, w, r, g[1][0], g[1][1]);
+}
+
+LMK_TARGET_AVX2 static void build8(lmk_dtype dt, int to, const lmk_rope_args *ra, const unsigned char *in, void *out,
+                                   const float *w, float r, const ap_table *tb)
+{
+    if (to == TO_X)
+        dt == LMK_F32    ? build8_dt(LMK_F32, TO_X, ra, in, out, w, r, tb)
+        : dt == LMK_BF16 ? build8_dt(LMK_BF16, TO_X, ra, in, out, w, r, tb)
+                         : build8_dt(LMK_F16, TO_X, ra, in, out, w, r, tb);
+    else if (to == TO_DEST)
+        dt == LMK_F32    ? build8_dt(LMK_F32, TO_DEST, ra, in, out, w, r, tb)
+        : dt == LMK_BF16 ? build8_dt(LMK_BF16, TO_DEST, ra, in, out, w, r, tb)
+                         : build8_dt(LMK_F16, TO_DEST, ra, in, out, w, r, tb);
+    else
+        dt == LMK_F32    ? build8_dt(LMK_F32, TO_DEST_NT, ra, in, out, w, r, tb)
+        : dt == LMK_BF16 ? build8_dt(LMK_BF16, TO_DEST_NT, ra, in, out, w, r, tb)
+                         : build8_dt(LMK_F16, TO_DEST_NT, ra, in, out, w, r, tb);
+}
+
+STEP_KERNEL LMK_TARGET_AVX2 void widen8_dt(lmk_dtype dt, const unsigned char *in, float *x, size_t n)
+{
+    const size_t es = dt == LMK_F32 ? 4 : 2;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, load8(dt, in + i * es));
+    widen_scalar(dt, in, x, i, n);
+}
+
+LMK_TARGET_AVX2 static void widen8(lmk_dtype dt, const unsigned char *in, float *x, size_t n)
+{
+    if (dt == LMK_F32)
+        widen8_dt(LMK_F32, in, x, n);
+    else if (dt == LMK_BF16)
+        widen8_dt(LMK_BF16, in, x, n);
+    else
+        widen8_dt(LMK_F16, in, x, n);
+}
+
 /* As narrow16_dt, 16 elements (two vectors of 8) a step. */
 STEP_KERNEL LMK_TARGET_AVX2 void narrow8_dt(lmk_dtype odt, int nt, const row_dest *d, const float *x, size_t lo,
                                             size_t hi)
 {
     const size_t oes = odt == LMK_F32 ? 4 : odt == LMK_F8E4M3 ? 1 : 2;
     const __m256 scale = _mm256_set1_ps(d->scale);
-    const int scaled = d->scale != 1.0f;
+    const int scaled = odt == LMK_F8E4M3 && d->scale != 1.0f;
     size_t i = lo;
     for (; i + 16 <= hi; i += 16) {
         __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
         unsigned char *p = d->p + i * oes;
-        if (odt == LMK_F32) {
-            float *o = (float *)(void *)p;
-            if (nt)
-                _mm256_stream_ps(o, v0), _mm256_stream_ps(o + 8, v1);
-            else
-                _mm256_storeu_ps(o, v0), _mm256_storeu_ps(o + 8, v1);
+        if (odt != LMK_F8E4M3) {
+            store8(odt, nt, p, v0);
+            store8(odt, nt, p + 8 * oes, v1);
             continue;
         }
-        __m128i h0, h1 = _mm_setzero_si128();
-        if (odt == LMK_F8E4M3) {
-            if (scaled)
-                v0 = _mm256_div_ps(v0, scale), v1 = _mm256_div_ps(v1, scale);
-            h0 = f8_pack16(v0, v1);
-        } else if (odt == LMK_BF16) {
-            h0 = bf16_8(v0), h1 = bf16_8(v1);
-        } else {
-            h0 = _mm256_cvtps_ph(v0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            h1 = _mm256_cvtps_ph(v1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        }
-        __m128i *o = (__m128i *)(void *)p;
+        if (scaled)
+            v0 = _mm256_div_ps(v0, scale), v1 = _mm256_div_ps(v1, scale);
+        const __m128i b = f8_pack16(v0, v1);
         if (nt)
-            _mm_stream_si128(o, h0);
+            _mm_stream_si128((__m128i *)(void *)p, b);
         else
-            _mm_storeu_si128(o, h0);
-        if (odt != LMK_F8E4M3 && nt)
-            _mm_stream_si128(o + 1, h1);
-        else if (odt != LMK_F8E4M3)
-            _mm_storeu_si128(o + 1, h1);
+            _mm_storeu_si128((__m128i *)(void *)p, b);
     }
     if (i < hi)
         narrow_scalar(d, x, i, hi);
@@ -909,21 +953,21 @@ LMK_INLINE double sumsq_at(lmk_cpu_isa isa, lmk_dtype dt, const unsigned char *i
     return sumsq_scalar(dt, in, 0, n);
 }
 
-LMK_INLINE void build_at(lmk_cpu_isa isa, const lmk_rope_args *ra, const unsigned char *in, float *x, const float *w,
-                         float r, const ap_table *tb)
+LMK_INLINE void build_at(lmk_cpu_isa isa, int to, const lmk_rope_args *ra, const unsigned char *in, void *out,
+                         const float *w, float r, const ap_table *tb)
 {
 #if LMK_CPU_X86
     if (isa == LMK_CPU_AVX512) {
-        build16(ra->dtype, ra, in, x, w, r, tb);
+        build16(ra->dtype, to, ra, in, out, w, r, tb);
         return;
     }
     if (isa == LMK_CPU_AVX2) {
-        build8(ra->dtype, ra, in, x, w, r, tb);
+        build8(ra->dtype, to, ra, in, out, w, r, tb);
         return;
     }
 #endif
-    (void)isa;
-    build_scalar(ra->dtype, ra, in, x, w, r, tb);
+    (void)isa, (void)to; /* the scalar level always builds into x */
+    build_scalar(ra->dtype, ra, in, (float *)out, w, r, tb);
 }
 
 LMK_INLINE void widen_at(lmk_cpu_isa isa, lmk_dtype dt, const unsigned char *in, float *x, size_t n)
@@ -961,14 +1005,19 @@ LMK_INLINE void narrow_at(lmk_cpu_isa isa, const row_dest *d, const float *x, si
 /* ---- the row path: rows, v and tokens ---- */
 
 /* One row through the chain into its destinations (r: its norm factor, 1 without a norm, whose
- * weights are then 1 too). Destinations go last to first: the first may be the input itself (in
- * place), whose bits the others still need without a norm. */
-LMK_INLINE void do_row(lmk_cpu_isa isa, const lmk_rope_args *ra, const ap_table *tb, const float *w, float r, bool norm,
-                       const unsigned char *in, const row_dest *dest, int n_dest, float *x)
+ * weights are then 1 too): straight into its only destination when it can (TO_DEST), else through
+ * x. Destinations go last to first: the first may be the input itself (in place), whose bits the
+ * others still need without a norm. */
+LMK_INLINE void do_row(lmk_cpu_isa isa, bool direct_ok, const lmk_rope_args *ra, const ap_table *tb, const float *w,
+                       float r, bool norm, const unsigned char *in, const row_dest *dest, int n_dest, float *x)
 {
     const size_t d = ra->head_dim, n = ra->angle.n_pairs, es = ra->dtype == LMK_F32 ? 4 : 2;
-    build_at(isa, ra, in, x, w, r, tb);
     const int whole_rope = ra->rope_dim == ra->head_dim; /* no element outside the pairs */
+    if (direct_ok && n_dest == 1 && dest[0].dt == ra->dtype && (norm || whole_rope)) {
+        build_at(isa, dest[0].nt ? TO_DEST_NT : TO_DEST, ra, in, dest[0].p, w, r, tb);
+        return;
+    }
+    build_at(isa, TO_X, ra, in, x, w, r, tb);
     for (int k = n_dest - 1; k >= 0; k--) {
         const row_dest *dst = &dest[k];
         if (norm || dst->dt != ra->dtype || whole_rope) {
@@ -1026,10 +1075,6 @@ LMK_INLINE void do_v(lmk_cpu_isa isa, const ap_job *jb, size_t token, long long 
     }
 }
 
-/* Heads [h0, h1) (at most ROW_GROUP) of one tensor of a token (q: 0, k: 1): the sums of squares
- * first, so that the norm factors (a divide, a square root and a divide in double: ~45 cycles of
- * latency each) are independent of each other, then each row through the chain while it is still
- * in L1. */
 #define ROW_GROUP 8
 
 LMK_INLINE void set_dest(row_dest *d, unsigned char *p, lmk_dtype dt, float scale, int tensor_nt)
@@ -1037,6 +1082,11 @@ LMK_INLINE void set_dest(row_dest *d, unsigned char *p, lmk_dtype dt, float scal
     /* field by field: a struct copy here is read back as one vector before the stores retire */
     d->p = p, d->dt = dt, d->scale = scale, d->nt = nt_at(tensor_nt, p);
 }
+
+/* Heads [h0, h1) (at most ROW_GROUP) of one tensor of a token (q: 0, k: 1): the sums of squares
+ * first, so that the norm factors (a divide, a square root and a divide in double: ~45 cycles of
+ * latency each) are independent of each other, then each row through the chain while it is still
+ * in L1. ahead: prefetch the next token's rows. */
 
 LMK_INLINE void do_rows(lmk_cpu_isa isa, const ap_job *jb, const ap_table *tb, const float *w, size_t token,
                         long long slot, int k, size_t h0, size_t h1, float *x, bool ahead)
@@ -1069,7 +1119,7 @@ LMK_INLINE void do_rows(lmk_cpu_isa isa, const ap_job *jb, const ap_table *tb, c
             set_dest(&dest[n_dest++], crow + i * a->k_cache.head * ces, a->k_cache.dtype, a->k_scale, jb->nt_kc);
         if (ahead)
             prefetch_row(in + (i * t->in_head + t->in_tok) * es, d * es);
-        do_row(isa, ra, tb, w, norm ? rf[i] : 1.0f, norm, in + i * t->in_head * es, dest, n_dest, x);
+        do_row(isa, jb->direct_ok, ra, tb, w, norm ? rf[i] : 1.0f, norm, in + i * t->in_head * es, dest, n_dest, x);
     }
 }
 
@@ -1180,6 +1230,9 @@ lmk_status lmk_cpu_attn_prologue(lmk_stream *s, const void *args)
     const size_t out_bytes = T * (hq * d * es + (a->rope.t[1].out ? hk * d * es : 0) + hk * d * kces + hk * dv * vces);
     ap_job jb = {.a = a, .isa = lmk_cpu_stream_isa(s), .es = es, .k_ces = kces};
     if (a->rope.angle.n_pairs <= CHUNK && d <= FAST_DIM) { /* the row path */
+        const size_t n = a->rope.angle.n_pairs, st = a->rope.pair_stride;
+        jb.direct_ok = jb.isa != LMK_CPU_SCALAR && d % 16 == 0 &&
+                       (a->rope.interleaved ? n % 8 == 0 : n % 16 == 0 && st % 16 == 0);
         jb.nt_q = tensor_nt(&jb, out_bytes, true, a->rope.t[0].out == a->rope.t[0].in, d * es);
         jb.nt_k = tensor_nt(&jb, out_bytes, a->rope.t[1].out != NULL, a->rope.t[1].out == a->rope.t[1].in, d * es);
         jb.nt_kc = tensor_nt(&jb, out_bytes, a->k_cache.data != NULL, false, d * kces);
