@@ -27,8 +27,9 @@
  * Per element, in f32 with no rounding between norm and rope (lmk.h): x = widen(in); with a norm,
  * x = x * r * (w + weight_offset), r = rsqrt(sum(x^2) / D + eps) from the team's f32 sum; rotated
  * pairs out_a = fma(a, c, -b*s), out_b = fma(a, s, b*c) with (c, s) = (cos, sin)(theta) * m, the
- * formula and angle of rope's kernels (src/ops/rope/cuda.cu), so without a norm the prologue's q
- * and k bits equal lmk_rope's on CUDA. Outputs: q_out and k_out in the input dtype, two elements
+ * formula and the sin/cos evaluation of rope's kernels (src/ops/rope/cuda.cu). The angle factor is
+ * lmk_rope_freq's float64 value from the host, where rope's v10 kernels evaluate exp2 on the
+ * device: without a norm the two ops agree within an ulp of the angle, not bit for bit. Outputs: q_out and k_out in the input dtype, two elements
  * per conversion instruction (nearest even; a unit holding a NaN is built again with lmk's own
  * narrowing, which keeps the NaN quiet with its sign); caches in the input dtype or f8e4m3 from the
  * f32 value as x / scale (__fdiv_rn; a power-of-two scale multiplies by its exact reciprocal, which
@@ -42,7 +43,7 @@
  * angle per thread), the norm weights as f32 (w + weight_offset), the tile's slots; one barrier;
  * then the team's sum of squares, the outputs. Angles: the host tabulates each pair's position axis
  * and angle factor (rope_common.h's lmk_rope_axis_j and lmk_rope_freq with ff = 1, float64) and
- * passes the table in the kernel parameters, as rope's kernels do; the device divides by
+ * passes the table in the kernel parameters (rope's v8 scheme); the device divides by
  * freq_factors[p] (device memory), multiplies by the position (float64), reduces by k*pi/2 in
  * float64 and evaluates sin and cos of the f32 remainder by polynomials (rope_cs: a private copy of
  * rope's). Pairs past the table's 128 (rope_dim > 256, no real model) take rope_common.h's rules on
@@ -380,7 +381,7 @@ __device__ __noinline__ double far_freq(const AnglePlan &a, uint32_t i, uint32_t
     return lmk_rope_freq(a.freq_base, a.exp_n, a.freq_scale, a.ext_factor, a.ramp_low, a.ramp_high, i, j, 1.0);
 }
 
-/* The (cos, sin) of pair i at token t, times m (rope's angle_cs). */
+/* The (cos, sin) of pair i at token t, times m (as rope's v8 angle_cs). */
 __device__ __forceinline__ float2 angle_cs(const AnglePlan &a, uint64_t t, uint32_t i)
 {
     double freq;
