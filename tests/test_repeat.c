@@ -7,7 +7,7 @@
  * lmk_ref_repeat on fresh random bytes (NaN payloads and all), over the Gated DeltaNet shapes
  * of the Qwen3.5/3.6 models, edge shapes and every element size. Outputs are poisoned and followed
  * by guard bytes, often inside larger (pooled) buffers or views at unaligned offsets. Then every
- * validation rule of SPEC.md section 1, in its order, with the message it must give, and with no
+ * validation rule of lmk.h (repeat_tiled), in its order, with the message it must give, and with no
  * output byte changed by a rejected call.
  */
 #include "common.h"
@@ -210,7 +210,7 @@ static lmk_buffer *poisoned(tst_dev *d, lmk_dtype t, size_t bytes)
 
 static void test_validation(tst_dev *d)
 {
-    /* Every rule, in SPEC.md's order: start from a call that breaks all of them and mend one rule at
+    /* Every rule, in lmk.h's order: start from a call that breaks all of them and mend one rule at
      * a time; each step must report the first rule still broken. */
     lmk_buffer *src116 = poisoned(d, LMK_F32, 116), *src120 = poisoned(d, LMK_F32, 120);
     lmk_buffer *dst_u16 = poisoned(d, LMK_U16, 236), *dst236 = poisoned(d, LMK_F32, 236);

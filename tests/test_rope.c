@@ -2,10 +2,10 @@
  * test_rope.c - rope_multi and rope_multi_qk on every backend against the float64 reference.
  *
  * In order:
- *  1. the seed library's test vectors (SPEC.md section 2), with their exact numbers;
+ *  1. the seed library's test vectors (the Metal library lmk started from), with their exact numbers;
  *  2. the pairing trap: for Qwen3.5 (head_dim 256, rope_dim 64) the Hugging Face pairing and the
  *     seed's differ, and only the former matches an independent rotate_half written here;
- *  3. every full-attention shape of SPEC.md section 3 at decode and at a prompt length, in f32,
+ *  3. every Qwen3.5/3.6, Qwen3-VL and Qwen2-VL full-attention shape at decode and at a prompt length, in f32,
  *     bf16 and f16, both pairings, in place and out of place, and the fused q+k launch, against
  *     lmk_ref_rope_f64 under the precision contract (f32 1e-5 absolute for |x| <= 2, bf16/f16
  *     one ulp plus 1e-6), with every element outside the rotated pairs a bit-exact copy;
@@ -723,7 +723,7 @@ static void expect_reject(tst_dev *d, const char *what, const lmk_buffer *in, lm
 static void test_validation(tst_dev *d)
 {
     /* Start from a call that breaks every rule (and the mode and pairing), mend one rule at a time:
-     * each step must report the first rule still broken, in SPEC.md's order. Final shape: seq 3,
+     * each step must report the first rule still broken, in lmk.h's order. Final shape: seq 3,
      * 2 heads, head_dim 8, rope_dim 4 = 48 elements, 12 positions. */
     lmk_buffer *in_u8_47 = poisoned(d, LMK_U8, 47), *in_u8_48 = poisoned(d, LMK_U8, 48);
     lmk_buffer *out_f32_49 = poisoned(d, LMK_F32, 49), *out_f32_48 = poisoned(d, LMK_F32, 48);
