@@ -50,6 +50,7 @@ typedef struct row_dest {
     int nt;            /* streaming stores (the row is whole cache lines, 64-byte aligned) */
 } row_dest;
 
+/* A head row on the element-wise path: input, norm and destinations. */
 typedef struct ap_row {
     const unsigned char *in; /* element 0 of the input row */
     const void *w;           /* norm weight or NULL */
