@@ -26,21 +26,7 @@ static void init(void)
     if (g_devs[0])
         return;
     fz_install_allocator();
-    static const char *const isa[3] = {"scalar", "avx2", NULL};
-    const char *saved = getenv("LMK_CPU_ISA");
-    for (int d = 0; d < 3; d++) {
-        if (isa[d])
-            setenv("LMK_CPU_ISA", isa[d], 1);
-        else if (saved)
-            setenv("LMK_CPU_ISA", saved, 1);
-        else
-            unsetenv("LMK_CPU_ISA");
-        FZ_CHECK(lmk_device_open(LMK_BACKEND_CPU, 0, &g_devs[d]) == LMK_OK, "cannot open the CPU device");
-        for (int i = 0; i < 3; i++) {
-            FZ_CHECK(lmk_device_set_threads(g_devs[d], i + 1) == LMK_OK, "lmk_device_set_threads");
-            FZ_CHECK(lmk_stream_create(g_devs[d], &g_all[d][i]) == LMK_OK, "lmk_stream_create");
-        }
-    }
+    fz_open_cpu_levels(g_devs, g_all);
 }
 
 /* Every region of the instance read back, concatenated. */

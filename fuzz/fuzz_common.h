@@ -209,6 +209,28 @@ static inline void fz_install_allocator(void)
     lmk_set_allocator(&a);
 }
 
+/* Opens three CPU devices capped at the scalar and AVX2 levels and at the best level (LMK_CPU_ISA,
+ * restored afterwards), each with streams of 1, 2 and 3 threads, so one fuzzer input reaches every
+ * CPU path and uneven work splits. */
+static inline void fz_open_cpu_levels(lmk_device *devs[3], lmk_stream *streams[3][3])
+{
+    static const char *const isa[3] = {"scalar", "avx2", NULL};
+    const char *saved = getenv("LMK_CPU_ISA");
+    for (int d = 0; d < 3; d++) {
+        if (isa[d])
+            setenv("LMK_CPU_ISA", isa[d], 1);
+        else if (saved)
+            setenv("LMK_CPU_ISA", saved, 1);
+        else
+            unsetenv("LMK_CPU_ISA");
+        FZ_CHECK(lmk_device_open(LMK_BACKEND_CPU, 0, &devs[d]) == LMK_OK, "cannot open the CPU device");
+        for (int i = 0; i < 3; i++) {
+            FZ_CHECK(lmk_device_set_threads(devs[d], i + 1) == LMK_OK, "lmk_device_set_threads");
+            FZ_CHECK(lmk_stream_create(devs[d], &streams[d][i]) == LMK_OK, "lmk_stream_create");
+        }
+    }
+}
+
 /* ------------------------------------------------------------------------------------------------
  * Root memory regions and their snapshots.
  * ---------------------------------------------------------------------------------------------- */
