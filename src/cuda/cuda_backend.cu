@@ -39,6 +39,24 @@ int lmk_cuda_device_count(void)
 
 /* ---- devices ---- */
 
+/* An empty kernel compiled with the same flags as every op's kernels: its PTX version is theirs. */
+__global__ void pdl_probe_kernel() {}
+
+/* Whether kernels launch with programmatic dependent launch (kernel_common.cuh's pdl_enter and
+ * lmk_cuda_start): the device is of compute capability 9 or later, and the code it runs comes from
+ * compute_90 or later PTX, so it holds pdl_enter's wait (a build for sm_80 alone, JIT-compiled on
+ * an H100, has none and must not start early). Asked once, at device open, outside any capture; a
+ * failed query gives plain launches, which are always correct. */
+static bool pdl_usable(int major)
+{
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, pdl_probe_kernel) != cudaSuccess) {
+        (void)cudaGetLastError(); /* the failed query is no launch error: a later launch check must not see it */
+        return false;
+    }
+    return major >= 9 && fa.ptxVersion >= 90;
+}
+
 static lmk_status cuda_device_open(lmk_device *dev, int ordinal)
 {
     int n = 0;
@@ -96,6 +114,7 @@ static lmk_status cuda_device_open(lmk_device *dev, int ordinal)
         return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk_device_open: out of host memory");
     d->ordinal = ordinal;
     d->sm_count = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
+    d->pdl = pdl_usable(prop.major);
     e = cudaStreamCreateWithFlags(&d->setup, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         lmk_host_free(d);

@@ -15,6 +15,7 @@
 typedef struct lmk_cuda_device {
     int ordinal;
     int sm_count;          /* sizes the grids: grid-stride kernels launch a few blocks per SM */
+    bool pdl;              /* launches use programmatic dependent launch (kernel_common.cuh) */
     cudaStream_t setup;    /* private non-blocking stream for alloc zeroing and host copies */
 } lmk_cuda_device;
 

@@ -1,0 +1,212 @@
+/*
+ * kernel_common.cuh - the device code every op's kernels share (nvcc only): raw 16-byte units and
+ * their loads and stores, the dtype traits with lmk's own narrowing, the rotary (cos, sin) of an
+ * angle, and programmatic dependent launch (the device side, pdl_enter, and the launch helper
+ * lmk_cuda_start). One copy, so that rope and attn_prologue rotate by the same bits and move units
+ * the same way. Everything is in an anonymous namespace: each op's translation unit gets its own
+ * instantiations, as it would from a private copy.
+ */
+#ifndef LMK_CUDA_KERNEL_COMMON_CUH
+#define LMK_CUDA_KERNEL_COMMON_CUH
+
+#include "core/internal.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace {
+
+/* A unit of NB bytes held as 32-bit words (NB < 4 uses the low bits of w[0]). */
+template <int NB> struct Raw { uint32_t w[NB >= 4 ? NB / 4 : 1]; };
+
+/* Loads are evict-first: an op's inputs are dead once read (ld.global.cs is coherent, so it is also
+ * right in place). Stores are plain: the outputs are what the next op (attention) reads. */
+template <int NB> __device__ __forceinline__ Raw<NB> load(const unsigned char *p)
+{
+    Raw<NB> r;
+    if constexpr (NB == 16) {
+        const uint4 v = __ldcs(reinterpret_cast<const uint4 *>(p));
+        r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
+    } else if constexpr (NB == 8) {
+        const uint2 v = __ldcs(reinterpret_cast<const uint2 *>(p));
+        r.w[0] = v.x, r.w[1] = v.y;
+    } else if constexpr (NB == 4) {
+        r.w[0] = __ldcs(reinterpret_cast<const unsigned *>(p));
+    } else {
+        static_assert(NB == 2, "loads are of 2 to 16 bytes");
+        r.w[0] = __ldcs(reinterpret_cast<const unsigned short *>(p));
+    }
+    return r;
+}
+
+template <int NB> __device__ __forceinline__ void store(unsigned char *p, const Raw<NB> &r)
+{
+    if constexpr (NB == 16)
+        *reinterpret_cast<uint4 *>(p) = make_uint4(r.w[0], r.w[1], r.w[2], r.w[3]);
+    else if constexpr (NB == 8)
+        *reinterpret_cast<uint2 *>(p) = make_uint2(r.w[0], r.w[1]);
+    else if constexpr (NB == 4)
+        *reinterpret_cast<unsigned *>(p) = r.w[0];
+    else if constexpr (NB == 2)
+        *reinterpret_cast<unsigned short *>(p) = (unsigned short)r.w[0];
+    else
+        *p = (unsigned char)r.w[0];
+}
+
+/* dtype traits (DT: LMK_F32, LMK_BF16, LMK_F16). narrow() is lmk_f32_to_bf16/f16 bit for bit
+ * (nearest even; a NaN stays a quiet NaN with its sign). cvt2() packs two values (lo in the low
+ * half) with one cvt instruction, which rounds as narrow() but returns a canonical NaN: callers
+ * that may see NaNs use narrow2(), or redo a unit holding one with narrow(). */
+template <int DT> struct Elem;
+
+template <> struct Elem<LMK_F32> {
+    static constexpr int size = 4;
+    static __device__ __forceinline__ float widen(uint32_t b) { return __uint_as_float(b); }
+};
+
+template <> struct Elem<LMK_BF16> {
+    static constexpr int size = 2;
+    static __device__ __forceinline__ float widen(uint32_t b) { return __uint_as_float(b << 16); }
+    static __device__ __forceinline__ uint32_t narrow(float f)
+    {
+        const uint32_t u = __float_as_uint(f);
+        if ((u & 0x7fffffffu) > 0x7f800000u)
+            return (u >> 16) | 0x0040u;
+        return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    }
+    static __device__ __forceinline__ uint32_t cvt2(float lo, float hi)
+    {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return (uint32_t)__bfloat16_as_ushort(v.x) | ((uint32_t)__bfloat16_as_ushort(v.y) << 16);
+    }
+    static __device__ __forceinline__ uint32_t narrow2(float lo, float hi)
+    {
+        return lo != lo || hi != hi ? narrow(lo) | (narrow(hi) << 16) : cvt2(lo, hi);
+    }
+};
+
+template <> struct Elem<LMK_F16> {
+    static constexpr int size = 2;
+    static __device__ __forceinline__ float widen(uint32_t b)
+    {
+        return __half2float(__ushort_as_half((unsigned short)b));
+    }
+    /* cvt.rn.f16.f32 overflows to infinity like lmk_f32_to_f16; NaNs keep sign and top payload. */
+    static __device__ __forceinline__ uint32_t narrow(float f)
+    {
+        const uint32_t u = __float_as_uint(f);
+        if ((u & 0x7fffffffu) > 0x7f800000u)
+            return ((u >> 16) & 0x8000u) | 0x7e00u | ((u >> 13) & 0x03ffu);
+        return __half_as_ushort(__float2half_rn(f));
+    }
+    static __device__ __forceinline__ uint32_t cvt2(float lo, float hi)
+    {
+        const __half2 v = __floats2half2_rn(lo, hi);
+        return (uint32_t)__half_as_ushort(v.x) | ((uint32_t)__half_as_ushort(v.y) << 16);
+    }
+    static __device__ __forceinline__ uint32_t narrow2(float lo, float hi)
+    {
+        return lo != lo || hi != hi ? narrow(lo) | (narrow(hi) << 16) : cvt2(lo, hi);
+    }
+};
+
+/* Element e of a unit of VE elements, widened to f32. */
+template <int DT, int VE> __device__ __forceinline__ float elem(const Raw<VE * Elem<DT>::size> &r, int e)
+{
+    if constexpr (Elem<DT>::size == 4)
+        return Elem<DT>::widen(r.w[e]);
+    else
+        return Elem<DT>::widen((r.w[e >> 1] >> (16 * (e & 1))) & 0xffffu);
+}
+
+/* The unit holding the values f[e], narrowed to the dtype (NaN-exact). */
+template <int DT, int VE> __device__ __forceinline__ Raw<VE * Elem<DT>::size> pack(const float (&f)[VE])
+{
+    Raw<VE * Elem<DT>::size> r;
+    if constexpr (Elem<DT>::size == 4) {
+#pragma unroll
+        for (int e = 0; e < VE; e++)
+            r.w[e] = __float_as_uint(f[e]);
+    } else if constexpr (VE == 1) {
+        r.w[0] = Elem<DT>::narrow(f[0]);
+    } else {
+#pragma unroll
+        for (int e = 0; e < VE; e += 2)
+            r.w[e >> 1] = Elem<DT>::narrow2(f[e], f[e + 1]);
+    }
+    return r;
+}
+
+/* (cos, sin) of theta. The quadrant reduction is in double: t = kRound + rint(theta*2/pi) in one
+ * FMA (its low word holds the quadrant k mod 4), r = theta - k*pi/2 in two FMAs with pi/2 split in
+ * two doubles (hi the double nearest pi/2, lo the double nearest pi/2 - hi), exact to ~1e-16 for
+ * |theta| < 2^51. Then sin and cos of the f32 r (|r| <= pi/4) by two short polynomials (the minimax
+ * ones of CUDA's own sincosf kernel; max error 7e-8 absolute, 1.5 ulp, measured against libm over
+ * 4e7 angles with |theta| <= 2^20) and a quadrant swap: branch-free, no stack frame. The clamp only
+ * matters for |theta| >= 2^51 (absurd bases), where it keeps the result finite and bounded; r is
+ * NaN exactly when theta is not finite, and then both results are NaN. */
+__device__ __forceinline__ float2 rope_cs(double theta)
+{
+    constexpr double kPiHalfHi = 1.57079632679489655800e+00;
+    constexpr double kPiHalfLo = 6.12323399573676603587e-17;
+    constexpr double kTwoOverPi = 6.36619772367581382433e-01;
+    constexpr double kRound = 6755399441055744.0; /* 1.5 * 2^52: x + kRound rounds x to an integer */
+    const double t = fma(theta, kTwoOverPi, kRound);
+    const double k = t - kRound;
+    const float r = (float)fma(-k, kPiHalfLo, fma(-k, kPiHalfHi, theta));
+    const float x = fminf(fmaxf(r, -1.0f), 1.0f);
+    const uint32_t q = (uint32_t)__double2loint(t);
+    const float x2 = x * x;
+    const float ps = fmaf(fmaf(fmaf(-1.95152959e-4f, x2, 8.33216087e-3f), x2, -1.66666546e-1f), x2 * x, x);
+    const float pc =
+        fmaf(fmaf(fmaf(fmaf(2.44331571e-5f, x2, -1.38873163e-3f), x2, 4.16666457e-2f), x2, -0.5f), x2, 1.0f);
+    float sn = (q & 1) ? pc : ps, cs = (q & 1) ? -ps : pc;
+    if (q & 2)
+        sn = -sn, cs = -cs;
+    if (r != r)
+        sn = cs = __int_as_float(0x7fc00000);
+    return make_float2(cs, sn);
+}
+
+/* Programmatic dependent launch (sm_90 and later; docs/cuda_notes.md). Where the host launches with
+ * programmatic stream serialization (lmk_cuda_device.pdl), a kernel may start while the previous
+ * kernel of the stream is still finishing. Every kernel calls this before its first global memory
+ * access, read or write (a write must not land under a previous kernel still reading that buffer):
+ * wait blocks until every prerequisite grid has completed and its writes are visible, so the early
+ * start moves only the launch and the index arithmetic before it. Without a programmatic
+ * prerequisite (a plain launch, the first in a stream, after a copy or an event) it returns at
+ * once. launch_dependents lets the next kernel of the stream start early if it opted in likewise,
+ * which obliges it to wait the same way before it reads our output. Code for sm_80 has no such
+ * instruction, and the host then never sets the attribute. */
+__device__ __forceinline__ void pdl_enter()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* One launch of kernel(p), with the programmatic serialization attribute when pdl. Inside a stream
+ * capture the attribute becomes a programmatic edge between kernel nodes: one node per launch and
+ * the same ordering at replay. */
+template <class P>
+cudaError_t lmk_cuda_start(void (*kernel)(P), const P &p, dim3 blocks, dim3 threads, size_t smem, cudaStream_t st,
+                           bool pdl)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = blocks;
+    cfg.blockDim = threads;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
+} /* namespace */
+
+#endif /* LMK_CUDA_KERNEL_COMMON_CUH */
