@@ -8,6 +8,10 @@
  *                   IMROPE [11,11,10,0] on 64 of 256, k_out and f8e4m3 caches with scales
  *   Llama-3.1-8B    no norm, llama3 freq_factors, k to k_out only (the prologue as a plain rope)
  *   paged caches    slots in any order, padding slots (-1, and past the last row) that write nothing
+ *   decode batches  one token of each of T sequences: shuffled rows of a cache much larger than T,
+ *                   scattered positions
+ * The benchmark (ap_bench_cases) runs these models' prompt and decode shapes; each of its
+ * configurations also has a row in the table, so `lmk check` verifies what `lmk bench` times.
  * Outputs and cache rows are compared with the float64 chain (lmk_ref_attn_prologue_token) under
  * lmk.h's contract (f32 1e-5 * max(1, |ref|), bf16/f16 one ulp + 1e-6, f8 one f8 ulp); v rows in
  * v's dtype must be its bits; cache rows no slot names must keep their bytes.
@@ -23,6 +27,10 @@
 enum { QI, QO, KI, KO, VI, QW, KW, POS, FF, SLOTS, KC, VC };  /* the operands in tst_inst.arg */
 enum { DENSE, QKV, QGATE };         /* q, k, v each dense; q|k|v packed; q inside [q | gate] */
 enum { SLOT_SEQ, SLOT_SHUFFLED, SLOT_PADDED };
+/* POS_DEFAULT: a text run (start + i) for the 1-D modes, every axis random for the multi-section
+ * ones; POS_TEXT: start + i on every axis (a prompt); POS_SCATTERED: one random position in
+ * [0, 131072) per token, on every axis (one token of each sequence of a decode batch). */
+enum { POS_DEFAULT, POS_TEXT, POS_SCATTERED };
 enum { FF_NONE, FF_LLAMA3 };
 
 typedef struct ap_case {
@@ -34,6 +42,7 @@ typedef struct ap_case {
     lmk_dtype w_dtype;
     float eps, weight_offset;
     bool k_out;             /* k to k_out (else only to the cache) */
+    bool k_in_place;        /* k_out is k_in (k_out is then set too) */
     bool cache;             /* k_cache, and v_cache when v */
     bool v;
     uint32_t v_dim;
@@ -44,6 +53,7 @@ typedef struct ap_case {
     lmk_dtype slot_dtype;   /* i32 or i64 */
     lmk_dtype pos_dtype;
     int ff;
+    int pos;                /* POS_* */
 } ap_case;
 
 _Static_assert(sizeof(ap_case) <= TST_CASE_PARAMS, "ap_case must fit in tst_case.p");
@@ -69,6 +79,13 @@ static bool multi_mode(lmk_rope_mode m)
                .v_dim = 256
 #define LLAMA31 .p = {.head_dim = 128, .rope_dim = 128, .n_heads = 32, .n_k_heads = 8, .freq_base = 5e5f, \
                       .mode = LMK_ROPE_NEOX}, .k_out = true, .ff = FF_LLAMA3
+/* Qwen3-8B as an engine that ropes inside the QKV projection runs it: q and k in place, k also to
+ * the cache. */
+#define QWEN3_IN_PLACE QWEN3, .q_in_place = true, .k_in_place = true, .k_out = true
+/* Powers of two: CUDA's x * (1/scale) path (docs/cuda_notes.md, attn_prologue). */
+#define F8_SCALES .cache_dtype = LMK_F8E4M3, .k_scale = 0.0625f, .v_scale = 0.125f
+/* One token of each of T sequences: rows scattered over a cache of n, scattered positions. */
+#define DECODE_SLOTS(n) .n_slots = (n), .slots = SLOT_SHUFFLED, .pos = POS_SCATTERED
 
 typedef struct row {
     ap_case c;
@@ -90,6 +107,16 @@ static const row k_rows[] = {
     {{QWEN35, .n_slots = 64, .q_in_place = true}, 17, LMK_F32, 0, "Qwen3.5/3.6-27B, q in place"},
     {{QWEN35, .cache_dtype = LMK_F8E4M3, .n_slots = 8, .slots = SLOT_SHUFFLED}, 3, LMK_F16, TST_CASE_CONTRACT,
      "Qwen3.5/3.6-27B, f8 cache"},
+    /* the benchmark's configurations (ap_bench_cases) at check sizes */
+    {{QWEN3_IN_PLACE, .n_slots = 64, .pos = POS_TEXT}, 37, LMK_BF16, 0, "Qwen3-8B prompt, q and k in place"},
+    {{QWEN3_IN_PLACE, F8_SCALES, .n_slots = 64, .pos = POS_TEXT}, 37, LMK_F32, 0, "Qwen3-8B prompt, f8 cache"},
+    {{QWEN3_IN_PLACE, DECODE_SLOTS(4096)}, 1, LMK_BF16, 0, "Qwen3-8B decode"},
+    {{QWEN3_IN_PLACE, F8_SCALES, DECODE_SLOTS(4096)}, 64, LMK_BF16, 0, "Qwen3-8B decode batch, f8 cache"},
+    {{QWEN35, DECODE_SLOTS(4096)}, 64, LMK_BF16, 0, "Qwen3.5/3.6-27B decode batch"},
+    {{QWEN35, F8_SCALES, DECODE_SLOTS(4096)}, 64, LMK_F32, 0, "Qwen3.5/3.6-27B decode batch, f8 cache"},
+    {{QWEN35, .n_slots = 4106, .pos = POS_TEXT}, 4106, LMK_BF16, TST_CASE_FULL, "Qwen3.5/3.6-27B prompt"},
+    {{QWEN3_IN_PLACE, F8_SCALES, .n_slots = 4106, .pos = POS_TEXT}, 4106, LMK_BF16, TST_CASE_FULL,
+     "Qwen3-8B prompt, f8 cache"},
     {{LLAMA31, .pos_dtype = LMK_I64}, 37, LMK_BF16, 0, "Llama-3.1-8B (no norm)"},
     {{LLAMA31}, 5, LMK_F32, TST_CASE_CONTRACT, "Llama-3.1-8B (no norm)"},
 };
@@ -105,24 +132,31 @@ static const char *mode_name(lmk_rope_mode m)
            : m == LMK_ROPE_VISION ? "vision" : "imrope";
 }
 
-/* "attn_prologue neox hd=128 nh=32/8 T=37 bf16 qkv norm k->cache(bf16) v // Qwen3-8B". */
+/* "attn_prologue neox hd=128 rd=128 nh=32/8 T=37 bf16 qkv q-in-place k-in-place norm cache=bf16+v
+ * rows=64 slots=seq pos=text // Qwen3-8B prompt": everything that tells one case from another in
+ * the tables of `lmk check` and `lmk bench` (where k goes, the cache's dtype, rows and slot pattern). */
 static void set_case(tst_case *c, const ap_case *ac, unsigned flags, const char *model)
 {
     memcpy(c->p.bytes, ac, sizeof *ac);
     c->flags = flags;
     c->T = ac->p.seq_len;
     c->dtype = ac->dtype;
-    static const char *const layouts[] = {"", " qkv", " q=q|gate"}, *const slots[] = {"", " shuffled", " padded"};
-    char cache[64] = "";
+    static const char *const layouts[] = {"", " qkv", " q=q|gate"}, *const slots[] = {"seq", "shuffled", "padded"},
+                             *const positions[] = {"", " pos=text", " pos=scattered"};
+    char cache[96] = "", scales[48] = "";
+    if (ac->cache_dtype == LMK_F8E4M3 && (ac->k_scale != 0.0f || ac->v_scale != 0.0f))
+        snprintf(scales, sizeof scales, " scale=%g/%g", (double)ac->k_scale, (double)ac->v_scale);
     if (ac->cache)
-        snprintf(cache, sizeof cache, " cache=%s%s%s%s", lmk_dtype_name(ac->cache_dtype), ac->v ? "+v" : "",
-                 slots[ac->slots], ac->slot_dtype == LMK_I64 ? " slots=i64" : "");
-    tst_case_name(c, "attn_prologue %s hd=%u rd=%u nh=%u/%u T=%u %s%s%s%s%s%s%s%s%s // %s", mode_name(ac->p.mode),
+        snprintf(cache, sizeof cache, " cache=%s%s%s rows=%u slots=%s%s", lmk_dtype_name(ac->cache_dtype),
+                 ac->v ? "+v" : "", scales, ac->n_slots, slots[ac->slots], ac->slot_dtype == LMK_I64 ? "/i64" : "");
+    const char *pos = ac->pos != POS_DEFAULT ? positions[ac->pos] : multi_mode(ac->p.mode) ? " pos=random" : "";
+    tst_case_name(c, "attn_prologue %s hd=%u rd=%u nh=%u/%u T=%u %s%s%s%s%s%s%s%s%s%s // %s", mode_name(ac->p.mode),
                   ac->p.head_dim, ac->p.rope_dim, ac->p.n_heads, ac->p.n_k_heads, ac->p.seq_len,
                   lmk_dtype_name(ac->dtype), layouts[ac->layout], ac->q_in_place ? " q-in-place" : "",
-                  ac->norm ? (ac->weight_offset != 0.0f ? " norm(1+w)" : " norm") : "", ac->k_out ? " k_out" : "",
-                  cache, ac->ff ? " llama3-ff" : "", ac->pos_dtype == LMK_I64 ? " pos=i64" : "",
-                  multi_mode(ac->p.mode) ? " pos=random" : "", model);
+                  ac->k_in_place ? " k-in-place" : "",
+                  ac->norm ? (ac->weight_offset != 0.0f ? " norm(1+w)" : " norm") : "",
+                  ac->k_out && !ac->k_in_place ? " k_out" : "", cache, ac->ff ? " llama3-ff" : "",
+                  ac->pos_dtype == LMK_I64 ? " pos=i64" : "", pos, model);
 }
 
 /* Fills the fields a table row leaves to defaults. */
@@ -187,19 +221,58 @@ static void ap_random_case(tst_rng *r, tst_case *c)
     ac.n_slots = T + tst_rng_below(r, 8);
     const lmk_dtype dt = dts[tst_rng_below(r, 3)];
     ac.cache_dtype = tst_rng_below(r, 3) == 0 ? LMK_F8E4M3 : dt;
+    ac.k_in_place = ac.k_out && tst_rng_below(r, 3) == 0; /* drawn last: earlier seeds keep their cases */
     complete(&ac, T, dt);
     set_case(c, &ac, 0, "random");
 }
 
+/* ---- the benchmark ---- */
+
+/* T up to DECODE_MAX_T is a decode step's batch (one token of each of T sequences, rows scattered
+ * over a paged cache of DECODE_ROWS rows: 1024 pages of 16 tokens, 64 MB of bf16 k and v for
+ * Qwen3-8B, more than the CPU's L3); a longer T is one prompt written to T consecutive rows. */
+#define DECODE_MAX_T 256
+#define DECODE_ROWS 16384
+
+typedef struct bench_row {
+    ap_case c;
+    bool bf16_only;    /* f8 caches: what a bf16 model runs (no f32 model has one) */
+    bool prompt_only;  /* the earlier single case, kept so its figures in docs/ compare */
+    const char *model; /* before " prompt" / " decode batch" */
+    const char *note;  /* after it */
+} bench_row;
+
+static const bench_row k_bench[] = {
+    {{QWEN3_IN_PLACE}, false, false, "Qwen3-8B", ""},
+    {{QWEN35}, false, false, "Qwen3.5/3.6-27B", ""},
+    {{QWEN3_IN_PLACE, F8_SCALES}, true, false, "Qwen3-8B", ""},
+    {{QWEN35, F8_SCALES}, true, false, "Qwen3.5/3.6-27B", ""},
+    {{QWEN3}, false, true, "Qwen3-8B", ", q out of place (the earlier case)"},
+};
+
+/* Per T and dtype at most 5 cases: Qwen3-8B (q, k in place and to the cache) and Qwen3.5/3.6-27B
+ * (q from q|gate, k to k_out and the cache), each with a cache in the input dtype and, in bf16,
+ * an f8 one; at prompt lengths also the earlier Qwen3-8B case. Each configuration also has a row
+ * in k_rows at check sizes. */
 static int ap_bench_cases(uint32_t T, lmk_dtype dtype, bool longest, tst_case *out, int max)
 {
     (void)longest;
-    if (max < 1)
-        return 0;
-    ap_case ac = {QWEN3, .n_slots = T};
-    complete(&ac, T, dtype);
-    set_case(&out[0], &ac, 0, "Qwen3-8B");
-    return 1;
+    const bool decode = T <= DECODE_MAX_T;
+    int n = 0;
+    for (size_t i = 0; i < sizeof k_bench / sizeof k_bench[0] && n < max; i++) {
+        const bench_row *b = &k_bench[i];
+        if ((b->bf16_only && dtype != LMK_BF16) || (b->prompt_only && decode))
+            continue;
+        ap_case ac = b->c;
+        ac.n_slots = decode ? DECODE_ROWS : T;
+        ac.slots = decode ? SLOT_SHUFFLED : SLOT_SEQ;
+        ac.pos = decode ? POS_SCATTERED : POS_TEXT;
+        complete(&ac, T, dtype);
+        char model[96];
+        snprintf(model, sizeof model, "%s %s%s", b->model, decode ? "decode batch" : "prompt", b->note);
+        set_case(&out[n++], &ac, 0, model);
+    }
+    return n;
 }
 
 static size_t n_positions(const ap_case *ac)
@@ -207,19 +280,37 @@ static size_t n_positions(const ap_case *ac)
     return (multi_mode(ac->p.mode) ? 4 : 1) * (size_t)ac->p.seq_len;
 }
 
-/* q and k read and written once (k to k_out and/or the cache), v read and written to its cache,
- * plus weights, positions, slots and freq_factors. */
+/* Tokens whose slot names a cache row: fill_slots pads tokens 1, 4, 7, ... under SLOT_PADDED. */
+static double cached_tokens(const ap_case *ac)
+{
+    if (!ac->cache)
+        return 0.0;
+    return ac->slots == SLOT_PADDED ? (double)(ac->p.seq_len - (ac->p.seq_len + 1) / 3) : (double)ac->p.seq_len;
+}
+
+/* The bytes the op must move, each element read or written once:
+ * - q: read and written whole (the norm changes every element), in place or not; in place without
+ *   a norm only the rope_dim rotated elements of each head move;
+ * - k: a token with a cache row reads its whole row and writes it to the cache (1-byte elements for
+ *   f8); k_out gets every token's row, again only the rotated part in place without a norm; a
+ *   padding token without k_out needs no k at all;
+ * - v: read and written to the cache for tokens with a cache row;
+ * - the norm weights, positions, slots and freq_factors once. */
 static double ap_bytes(const tst_case *c)
 {
     const ap_case *ac = P(c);
     const lmk_rope_params *p = &ac->p;
     const double es = (double)lmk_dtype_size(ac->dtype), ces = (double)lmk_dtype_size(ac->cache_dtype);
-    const double T = p->seq_len, q = T * p->n_heads * p->head_dim, k = T * p->n_k_heads * p->head_dim;
-    const double v = ac->v ? T * p->n_k_heads * ac->v_dim : 0.0;
-    double b = 2.0 * q * es + k * es + (ac->k_out ? k * es : 0.0) + (ac->cache ? k * ces + v * (es + ces) : 0.0);
-    b += (ac->norm ? 2.0 * p->head_dim * (double)lmk_dtype_size(ac->w_dtype) : 0.0) +
+    const double T = p->seq_len, Tc = cached_tokens(ac), D = p->head_dim, R = p->rope_dim;
+    const double hq = p->n_heads, hk = p->n_k_heads;
+    const double q_row = ac->q_in_place && !ac->norm ? R : D, k_out_row = ac->k_in_place && !ac->norm ? R : D;
+    double b = 2.0 * T * hq * q_row * es;
+    b += hk * (Tc * D + (T - Tc) * (ac->k_out ? k_out_row : 0.0)) * es; /* k read */
+    b += (ac->k_out ? T * hk * k_out_row * es : 0.0) + Tc * hk * D * ces;
+    b += ac->v ? Tc * hk * ac->v_dim * (es + ces) : 0.0;
+    b += (ac->norm ? 2.0 * D * (double)lmk_dtype_size(ac->w_dtype) : 0.0) +
          (double)n_positions(ac) * (double)lmk_dtype_size(ac->pos_dtype) +
-         (ac->cache ? T * (double)lmk_dtype_size(ac->slot_dtype) : 0.0) + (ac->ff ? 2.0 * p->rope_dim : 0.0);
+         (ac->cache ? T * (double)lmk_dtype_size(ac->slot_dtype) : 0.0) + (ac->ff ? 4.0 * (R / 2.0) : 0.0);
     return b;
 }
 
@@ -247,7 +338,7 @@ static lmk_status dense(tst_inst *in, lmk_dtype t, size_t n0, size_t n1, size_t 
     return st == LMK_OK ? view3(in, r, 0, t, n0, n1, n2, NULL, output, out) : st;
 }
 
-/* q, k and v inputs in the case's layout. */
+/* q, k and v inputs in the case's layout; q and k are outputs too when in place. */
 static lmk_status setup_inputs(tst_inst *in)
 {
     const ap_case *ac = P(&in->c);
@@ -261,7 +352,7 @@ static lmk_status setup_inputs(tst_inst *in)
         if (st == LMK_OK)
             st = view3(in, r, 0, ac->dtype, T, hq, d, s, ac->q_in_place, &in->arg[QI]);
         if (st == LMK_OK)
-            st = view3(in, r, hq * d, ac->dtype, T, hk, d, s, false, &in->arg[KI]);
+            st = view3(in, r, hq * d, ac->dtype, T, hk, d, s, ac->k_in_place, &in->arg[KI]);
         if (st == LMK_OK)
             st = view3(in, r, (hq + hk) * d, ac->dtype, T, hk, d, s, false, &in->arg[VI]);
         return st;
@@ -275,7 +366,7 @@ static lmk_status setup_inputs(tst_inst *in)
         st = dense(in, ac->dtype, T, hq, d, true, ac->q_in_place, &in->arg[QI]);
     }
     if (st == LMK_OK)
-        st = dense(in, ac->dtype, T, hk, d, true, false, &in->arg[KI]);
+        st = dense(in, ac->dtype, T, hk, d, true, ac->k_in_place, &in->arg[KI]);
     if (st == LMK_OK && ac->v)
         st = dense(in, ac->dtype, T, hk, ac->v_dim, true, false, &in->arg[VI]);
     return st;
@@ -291,7 +382,9 @@ static lmk_status ap_setup(tst_inst *in)
         in->arg[QO] = in->arg[QI];
     else if (st == LMK_OK)
         st = dense(in, ac->dtype, T, hq, d, false, true, &in->arg[QO]);
-    if (st == LMK_OK && ac->k_out)
+    if (st == LMK_OK && ac->k_in_place)
+        in->arg[KO] = in->arg[KI];
+    else if (st == LMK_OK && ac->k_out)
         st = dense(in, ac->dtype, T, hk, d, false, true, &in->arg[KO]);
     if (st == LMK_OK && ac->norm)
         st = dense(in, ac->w_dtype, 1, 1, d, true, false, &in->arg[QW]);
@@ -309,6 +402,17 @@ static lmk_status ap_setup(tst_inst *in)
     if (st == LMK_OK && ac->cache && ac->v)
         st = dense(in, ac->cache_dtype, ac->n_slots, hk, ac->v_dim, true, true, &in->arg[VC]);
     return st;
+}
+
+/* Index v as element i of an i32 or i64 host array. */
+static void put_index(lmk_dtype t, unsigned char *host, size_t i, int64_t v)
+{
+    if (t == LMK_I64) {
+        memcpy(host + 8 * i, &v, 8);
+    } else {
+        const int32_t v32 = (int32_t)v;
+        memcpy(host + 4 * i, &v32, 4);
+    }
 }
 
 /* Cache rows for each token: in order from a random start, shuffled, or with padding (-1 and
@@ -335,30 +439,30 @@ static void fill_slots(tst_inst *in, tst_rng *r)
         int64_t v = ac->slots == SLOT_SEQ ? (int64_t)(start + t) : rows[t];
         if (ac->slots == SLOT_PADDED && t % 3 == 1)
             v = t % 2 ? -1 : (int64_t)n;
-        if (ac->slot_dtype == LMK_I64) {
-            memcpy(host + 8 * t, &v, 8);
-        } else {
-            const int32_t v32 = (int32_t)v;
-            memcpy(host + 4 * t, &v32, 4);
-        }
+        put_index(ac->slot_dtype, host, t, v);
     }
     free(rows);
 }
 
+/* Positions as the case's POS_* says; multi-section modes hold 4 axes of T, axis-major. */
 static void fill_positions(tst_inst *in, tst_rng *r)
 {
     const ap_case *ac = P(&in->c);
-    const size_t count = n_positions(ac);
+    const size_t T = ac->p.seq_len, count = n_positions(ac);
     unsigned char *host = tst_mem_host(&in->mem, in->arg[POS]);
     const int64_t start = tst_rng_below(r, 100000);
-    for (size_t i = 0; i < count; i++) {
-        const int64_t v = multi_mode(ac->p.mode) ? tst_rng_below(r, 65536) : start + (int64_t)(i % ac->p.seq_len);
-        if (ac->pos_dtype == LMK_I64) {
-            memcpy(host + 8 * i, &v, 8);
-        } else {
-            const int32_t v32 = (int32_t)v;
-            memcpy(host + 4 * i, &v32, 4);
-        }
+    for (size_t i = 0; i < T; i++) { /* axis 0; the others below */
+        const int64_t v = ac->pos == POS_SCATTERED                            ? (int64_t)tst_rng_below(r, 131072)
+                          : ac->pos == POS_DEFAULT && multi_mode(ac->p.mode) ? (int64_t)tst_rng_below(r, 65536)
+                                                                              : start + (int64_t)i;
+        put_index(ac->pos_dtype, host, i, v);
+    }
+    const size_t es = lmk_dtype_size(ac->pos_dtype);
+    for (size_t i = T; i < count; i++) {
+        if (ac->pos == POS_DEFAULT)
+            put_index(ac->pos_dtype, host, i, tst_rng_below(r, 65536));
+        else /* every axis of a text token holds its position */
+            memcpy(host + i * es, host + (i % T) * es, es);
     }
 }
 
