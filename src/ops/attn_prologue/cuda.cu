@@ -45,8 +45,8 @@
  * and angle factor (rope_common.h's lmk_rope_axis_j and lmk_rope_freq with ff = 1, float64) and
  * passes the table in the kernel parameters (rope's v8 scheme); the device divides by
  * freq_factors[p] (device memory), multiplies by the position (float64), reduces by k*pi/2 in
- * float64 and evaluates sin and cos of the f32 remainder by polynomials (rope_cs: a private copy of
- * rope's). Pairs past the table's 128 (rope_dim > 256, no real model) take rope_common.h's rules on
+ * float64 and evaluates sin and cos of the f32 remainder by polynomials (rope_cs, kernel_common.cuh's,
+ * the one rope's kernels use). Pairs past the table's 128 (rope_dim > 256, no real model) take rope_common.h's rules on
  * the device, in a function of their own. Blocks have 256 threads, 128 when the call's rows fill
  * at most two 256-thread blocks per SM (decode: more, smaller blocks spread a call over more SMs).
  *
@@ -58,6 +58,7 @@
  */
 #include "core/f8.h"
 #include "cuda/cuda_internal.h"
+#include "cuda/kernel_common.cuh"
 #include "ops/attn_prologue/attn_prologue.h"
 #include "ops/rope/rope_common.h"
 
@@ -155,101 +156,8 @@ struct ApParams {
 static_assert(sizeof(ApParams) <= 4000, "kernel parameters must stay under the 4 KB limit");
 
 /* ---------------------------------------------------------------------------------------------
- * Device helpers: raw units, dtypes, f8, the angle.
+ * Device helpers: f8, the angle (raw units, dtypes and rope_cs are kernel_common.cuh's).
  * ------------------------------------------------------------------------------------------- */
-
-/* A unit of NB bytes as 32-bit words (NB < 4 uses the low bits of w[0]). */
-template <int NB> struct Raw { uint32_t w[NB >= 4 ? NB / 4 : 1]; };
-
-/* Loads are evict-first (the inputs are dead once read; ld.global.cs is coherent, so it is also
- * right in place). Stores are plain: attention reads the outputs next. */
-template <int NB> __device__ __forceinline__ Raw<NB> load(const unsigned char *p)
-{
-    Raw<NB> r;
-    if constexpr (NB == 16) {
-        const uint4 v = __ldcs(reinterpret_cast<const uint4 *>(p));
-        r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
-    } else if constexpr (NB == 8) {
-        const uint2 v = __ldcs(reinterpret_cast<const uint2 *>(p));
-        r.w[0] = v.x, r.w[1] = v.y;
-    } else if constexpr (NB == 4) {
-        r.w[0] = __ldcs(reinterpret_cast<const unsigned *>(p));
-    } else {
-        r.w[0] = __ldcs(reinterpret_cast<const unsigned short *>(p));
-    }
-    return r;
-}
-
-template <int NB> __device__ __forceinline__ void store(unsigned char *p, const Raw<NB> &r)
-{
-    if constexpr (NB == 16)
-        *reinterpret_cast<uint4 *>(p) = make_uint4(r.w[0], r.w[1], r.w[2], r.w[3]);
-    else if constexpr (NB == 8)
-        *reinterpret_cast<uint2 *>(p) = make_uint2(r.w[0], r.w[1]);
-    else if constexpr (NB == 4)
-        *reinterpret_cast<unsigned *>(p) = r.w[0];
-    else if constexpr (NB == 2)
-        *reinterpret_cast<unsigned short *>(p) = (unsigned short)r.w[0];
-    else
-        *p = (unsigned char)r.w[0];
-}
-
-/* dtype traits (DT: LMK_F32, LMK_BF16, LMK_F16); narrowing is lmk's (lmk_f32_to_bf16/f16). */
-template <int DT> struct Elem;
-
-template <> struct Elem<LMK_F32> {
-    static constexpr int size = 4;
-    static __device__ __forceinline__ float widen(uint32_t b) { return __uint_as_float(b); }
-};
-
-template <> struct Elem<LMK_BF16> {
-    static constexpr int size = 2;
-    static __device__ __forceinline__ float widen(uint32_t b) { return __uint_as_float(b << 16); }
-    static __device__ __forceinline__ uint32_t narrow(float f)
-    {
-        const uint32_t u = __float_as_uint(f);
-        if ((u & 0x7fffffffu) > 0x7f800000u)
-            return (u >> 16) | 0x0040u;
-        return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    }
-    /* Two values packed (lo in the low half) by one cvt.rn.bf16x2.f32: narrow()'s rounding except
-     * for NaNs, which come out canonical (callers redo a unit holding a NaN with narrow()). */
-    static __device__ __forceinline__ uint32_t cvt2(float lo, float hi)
-    {
-        const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-        return (uint32_t)__bfloat16_as_ushort(v.x) | ((uint32_t)__bfloat16_as_ushort(v.y) << 16);
-    }
-};
-
-template <> struct Elem<LMK_F16> {
-    static constexpr int size = 2;
-    static __device__ __forceinline__ float widen(uint32_t b)
-    {
-        return __half2float(__ushort_as_half((unsigned short)b));
-    }
-    static __device__ __forceinline__ uint32_t narrow(float f)
-    {
-        const uint32_t u = __float_as_uint(f);
-        if ((u & 0x7fffffffu) > 0x7f800000u)
-            return ((u >> 16) & 0x8000u) | 0x7e00u | ((u >> 13) & 0x03ffu);
-        return __half_as_ushort(__float2half_rn(f));
-    }
-    /* cvt.rn.f16x2.f32: as BF16's cvt2. */
-    static __device__ __forceinline__ uint32_t cvt2(float lo, float hi)
-    {
-        const __half2 v = __floats2half2_rn(lo, hi);
-        return (uint32_t)__half_as_ushort(v.x) | ((uint32_t)__half_as_ushort(v.y) << 16);
-    }
-};
-
-/* Element e of a unit, widened. */
-template <int DT, int VE> __device__ __forceinline__ float elem(const Raw<VE * Elem<DT>::size> &r, int e)
-{
-    if constexpr (Elem<DT>::size == 4)
-        return Elem<DT>::widen(r.w[e]);
-    else
-        return Elem<DT>::widen((r.w[e >> 1] >> (16 * (e & 1))) & 0xffffu);
-}
 
 /* Where a row goes: out (q_out or k_out) in the input dtype, and a cache row in the input dtype or
  * f8 (stored = f8(x / scale)). */
@@ -342,34 +250,6 @@ __device__ __forceinline__ void put_raw(const ApParams &p, const Dst &d, uint32_
     } else if (d.cache) {
         store<VE * ES>(d.cache + (size_t)off * ES, r);
     }
-}
-
-/* pi/2 split in two doubles for the Cody-Waite reduction (rope's constants). */
-constexpr double kPiHalfHi = 1.57079632679489655800e+00;
-constexpr double kPiHalfLo = 6.12323399573676603587e-17;
-constexpr double kTwoOverPi = 6.36619772367581382433e-01;
-constexpr double kRound = 6755399441055744.0; /* 1.5 * 2^52: x + kRound rounds x to an integer */
-
-/* (cos, sin) of theta: a private copy of src/ops/rope/cuda.cu's rope_cs (the quadrant reduction in
- * float64, exact to ~1e-16 for |theta| < 2^51; minimax polynomials of the f32 remainder, 1.5 ulp;
- * NaN for a non-finite theta), so that both ops rotate by the same bits. */
-__device__ __forceinline__ float2 rope_cs(double theta)
-{
-    const double t = fma(theta, kTwoOverPi, kRound);
-    const double k = t - kRound;
-    const float r = (float)fma(-k, kPiHalfLo, fma(-k, kPiHalfHi, theta));
-    const float x = fminf(fmaxf(r, -1.0f), 1.0f);
-    const uint32_t q = (uint32_t)__double2loint(t);
-    const float x2 = x * x;
-    const float ps = fmaf(fmaf(fmaf(-1.95152959e-4f, x2, 8.33216087e-3f), x2, -1.66666546e-1f), x2 * x, x);
-    const float pc =
-        fmaf(fmaf(fmaf(fmaf(2.44331571e-5f, x2, -1.38873163e-3f), x2, 4.16666457e-2f), x2, -0.5f), x2, 1.0f);
-    float sn = (q & 1) ? pc : ps, cs = (q & 1) ? -ps : pc;
-    if (q & 2)
-        sn = -sn, cs = -cs;
-    if (r != r)
-        sn = cs = __int_as_float(0x7fc00000);
-    return make_float2(cs, sn);
 }
 
 /* The angle factor (ff = 1) and axis of a pair past the host's table: rope_common.h's rules on the
