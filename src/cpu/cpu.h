@@ -3,7 +3,8 @@
  * open, the per-stream thread pool that runs an op's work, and the streaming (non-temporal) copy
  * both ops use for outputs too large to be worth keeping in cache.
  *
- * Backend layout: backend.c (vtable, device, memory, streams and their pools); each op's CPU
+ * Backend layout: backend.c (vtable, device, memory, streams and their pools); sincos.c (the
+ * cos/sin tables of rope's angles, for lmk_rope and lmk_attn_prologue); each op's CPU
  * path is src/ops/<op>/cpu.c. An op splits its work into n_threads deterministic shares (each output element is
  * computed by a fixed formula from the inputs alone, so the split never changes a result bit) and
  * hands one task function to lmk_cpu_parallel, which runs share 0 on the calling thread and the
@@ -68,6 +69,18 @@ const char *lmk_cpu_simd_name(void);
 /* (Re)writes dev->name, "cpu (N threads, isa)", from dev->n_threads: at open and at
  * lmk_device_set_threads. */
 void lmk_cpu_name_device(lmk_device *dev);
+
+/* The largest |theta| the vector levels of lmk_cpu_sincos reduce exactly; beyond it (i64
+ * positions, freq_base < 1, an infinite or NaN angle) callers pass LMK_CPU_SCALAR. */
+#define LMK_CPU_SINCOS_VECTOR_MAX 0x1p40
+
+/* c[i] = (float)(m * cos(theta[i])) and s[i] = (float)(m * sin(theta[i])) for i < n, the product
+ * in double (skipped at m == 1), for rope's angle tables (sincos.c; lmk_rope and
+ * lmk_attn_prologue share it). AVX512/AVX2: vector polynomials, which need n a multiple of 8 and
+ * every |theta[i]| <= LMK_CPU_SINCOS_VECTOR_MAX; SCALAR: libm, any n and theta. Levels could round
+ * a value differently in its last bit (lmk.h allows it across levels); none did on 98M random
+ * angles up to 2^40 (docs/cpu_notes.md, "attn_prologue"). */
+void lmk_cpu_sincos(lmk_cpu_isa isa, const double *theta, float *c, float *s, size_t n, double m);
 
 
 /* The contiguous share [lo, hi) of n items for thread tid of nth, with lo and hi multiples of

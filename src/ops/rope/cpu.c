@@ -8,13 +8,13 @@
  *  - per thread and chunk of pairs: the angle factor freq(p) and the pair's position axis, from
  *    rope_common.h's lmk_rope_axis_j and lmk_rope_freq (the rules of every mode and of the YaRN
  *    ramp and freq_factors live there once);
- *  - per token: theta = pos * freq in double, reduced by pi/2 in double (two-part Cody-Waite with
- *    FMA, exact to ~1e-21 for |theta| < 2^40) and evaluated with fdlibm's double polynomials in 8
- *    or 4 lanes, multiplied by m (lmk.h's magnitude; skipped at m == 1) and rounded to f32: the
- *    same f32 values as (float)cos/sin from libm on 8M angles up to 2^40. libm's double sin+cos
- *    cost 13 ns a pair on Zen4 (a double reduction followed by sincosf, 12 ns), a fifth of the
- *    memory time of a 24-head token; the vector version costs 0.8 ns. Angles beyond 2^40 (i64
- *    positions, freq_base < 1) use libm for the token.
+ *  - per token: theta = pos * freq in double, then m*cos and m*sin rounded to f32 by
+ *    lmk_cpu_sincos (src/cpu/sincos.c, shared with lmk_attn_prologue): a double reduction by pi/2
+ *    and fdlibm's double polynomials in 8 or 4 lanes, the same f32 values as (float)cos/sin from
+ *    libm on 8M angles up to 2^40. libm's double sin+cos cost 13 ns a pair on Zen4 (a double
+ *    reduction followed by sincosf, 12 ns), a fifth of the memory time of a 24-head token; the
+ *    vector version costs 0.8 ns. Angles beyond LMK_CPU_SINCOS_VECTOR_MAX = 2^40 (i64 positions,
+ *    freq_base < 1) use libm for the token.
  * Rows are then rotated in f32 with AVX-512 or AVX2 (chosen at device open), loading bf16/f16 by
  * widening and storing with round-to-nearest-even that gives the same bits as lmk_f32_to_bf16 /
  * lmk_f32_to_f16 (NaN included). Split pairs (x[p], x[p + pair_stride]) rotate a vector of a's
@@ -38,8 +38,6 @@
 #include <math.h>
 
 #define PAIRS_PER_CHUNK 128
-/* Angles up to this use the vector reduction; beyond it libm (see above). */
-#define THETA_VECTOR_MAX 0x1p40
 
 /* One tensor of a launch, strides in bytes. */
 typedef struct rope_tensor_job {
@@ -98,102 +96,6 @@ typedef struct rope_rows {
 } rope_rows;
 /* ---- angles ---- */
 
-#if LMK_CPU_X86
-/* pi/2 as a double plus the double nearest the remainder; 2/pi; fdlibm's minimax polynomials of
- * sin and cos on [-pi/4, pi/4] (error < 2^-58). */
-static const double k_pio2_hi = 1.57079632679489655800e+00, k_pio2_lo = 6.12323399573676603587e-17;
-static const double k_2_pi = 6.36619772367581382433e-01, k_round = 0x1.8p52;
-static const double k_s1 = -1.66666666666666324348e-01, k_s2 = 8.33333333332248946124e-03,
-                    k_s3 = -1.98412698298579493134e-04, k_s4 = 2.75573137070700676789e-06,
-                    k_s5 = -2.50507602534068634195e-08, k_s6 = 1.58969099521155010221e-10;
-static const double k_c1 = 4.16666666666666019037e-02, k_c2 = -1.38888888888741095749e-03,
-                    k_c3 = 2.48015872894767294178e-05, k_c4 = -2.75573143513906633035e-07,
-                    k_c5 = 2.08757232129817482790e-09, k_c6 = -1.13596475577881948265e-11;
-
-/* k = round(theta * 2/pi) by the 1.5*2^52 trick: its low mantissa bits are k mod 4 (the
- * quadrant); r = theta - k*pi/2 in [-pi/4, pi/4]; then sin/cos of theta are +-sin/cos of r.
- * c = m*cos, s = m*sin, the product in double (skipped at m == 1). */
-LMK_TARGET_AVX512 static void sincos_avx512(const double *theta, float *c, float *s, size_t n, double m)
-{
-    const __m512d two_pi = _mm512_set1_pd(k_2_pi), round = _mm512_set1_pd(k_round), mv = _mm512_set1_pd(m);
-    const int scaled = m != 1.0;
-    const __m512i one = _mm512_set1_epi64(1), two = _mm512_set1_epi64(2);
-    for (size_t i = 0; i < n; i += 8) {
-        const __m512d x = _mm512_loadu_pd(theta + i);
-        const __m512d kr = _mm512_fmadd_pd(x, two_pi, round);
-        const __m512d k = _mm512_sub_pd(kr, round);
-        const __m512i q = _mm512_castpd_si512(kr);
-        __m512d r = _mm512_fnmadd_pd(k, _mm512_set1_pd(k_pio2_hi), x);
-        r = _mm512_fnmadd_pd(k, _mm512_set1_pd(k_pio2_lo), r);
-        const __m512d z = _mm512_mul_pd(r, r);
-        __m512d ps = _mm512_fmadd_pd(z, _mm512_set1_pd(k_s6), _mm512_set1_pd(k_s5));
-        ps = _mm512_fmadd_pd(z, ps, _mm512_set1_pd(k_s4));
-        ps = _mm512_fmadd_pd(z, ps, _mm512_set1_pd(k_s3));
-        ps = _mm512_fmadd_pd(z, ps, _mm512_set1_pd(k_s2));
-        ps = _mm512_fmadd_pd(z, ps, _mm512_set1_pd(k_s1));
-        const __m512d sr = _mm512_fmadd_pd(_mm512_mul_pd(z, r), ps, r);
-        __m512d pc = _mm512_fmadd_pd(z, _mm512_set1_pd(k_c6), _mm512_set1_pd(k_c5));
-        pc = _mm512_fmadd_pd(z, pc, _mm512_set1_pd(k_c4));
-        pc = _mm512_fmadd_pd(z, pc, _mm512_set1_pd(k_c3));
-        pc = _mm512_fmadd_pd(z, pc, _mm512_set1_pd(k_c2));
-        pc = _mm512_fmadd_pd(z, pc, _mm512_set1_pd(k_c1));
-        const __m512d cr = _mm512_fmadd_pd(_mm512_mul_pd(z, z), pc, _mm512_fnmadd_pd(_mm512_set1_pd(0.5), z,
-                                                                                    _mm512_set1_pd(1.0)));
-        const __mmask8 odd = _mm512_test_epi64_mask(q, one);
-        const __m512i sv = _mm512_castpd_si512(_mm512_mask_blend_pd(odd, sr, cr));
-        const __m512i cv = _mm512_castpd_si512(_mm512_mask_blend_pd(odd, cr, sr));
-        const __m512i sneg = _mm512_slli_epi64(_mm512_and_si512(q, two), 62);
-        const __m512i cneg = _mm512_slli_epi64(_mm512_and_si512(_mm512_add_epi64(q, one), two), 62);
-        __m512d sd = _mm512_castsi512_pd(_mm512_xor_si512(sv, sneg));
-        __m512d cd = _mm512_castsi512_pd(_mm512_xor_si512(cv, cneg));
-        if (scaled)
-            sd = _mm512_mul_pd(sd, mv), cd = _mm512_mul_pd(cd, mv);
-        _mm256_storeu_ps(s + i, _mm512_cvtpd_ps(sd));
-        _mm256_storeu_ps(c + i, _mm512_cvtpd_ps(cd));
-    }
-}
-
-LMK_TARGET_AVX2 static void sincos_avx2(const double *theta, float *c, float *s, size_t n, double m)
-{
-    const __m256d two_pi = _mm256_set1_pd(k_2_pi), round = _mm256_set1_pd(k_round), mv = _mm256_set1_pd(m);
-    const int scaled = m != 1.0;
-    const __m256i one = _mm256_set1_epi64x(1), two = _mm256_set1_epi64x(2);
-    for (size_t i = 0; i < n; i += 4) {
-        const __m256d x = _mm256_loadu_pd(theta + i);
-        const __m256d kr = _mm256_fmadd_pd(x, two_pi, round);
-        const __m256d k = _mm256_sub_pd(kr, round);
-        const __m256i q = _mm256_castpd_si256(kr);
-        __m256d r = _mm256_fnmadd_pd(k, _mm256_set1_pd(k_pio2_hi), x);
-        r = _mm256_fnmadd_pd(k, _mm256_set1_pd(k_pio2_lo), r);
-        const __m256d z = _mm256_mul_pd(r, r);
-        __m256d ps = _mm256_fmadd_pd(z, _mm256_set1_pd(k_s6), _mm256_set1_pd(k_s5));
-        ps = _mm256_fmadd_pd(z, ps, _mm256_set1_pd(k_s4));
-        ps = _mm256_fmadd_pd(z, ps, _mm256_set1_pd(k_s3));
-        ps = _mm256_fmadd_pd(z, ps, _mm256_set1_pd(k_s2));
-        ps = _mm256_fmadd_pd(z, ps, _mm256_set1_pd(k_s1));
-        const __m256d sr = _mm256_fmadd_pd(_mm256_mul_pd(z, r), ps, r);
-        __m256d pc = _mm256_fmadd_pd(z, _mm256_set1_pd(k_c6), _mm256_set1_pd(k_c5));
-        pc = _mm256_fmadd_pd(z, pc, _mm256_set1_pd(k_c4));
-        pc = _mm256_fmadd_pd(z, pc, _mm256_set1_pd(k_c3));
-        pc = _mm256_fmadd_pd(z, pc, _mm256_set1_pd(k_c2));
-        pc = _mm256_fmadd_pd(z, pc, _mm256_set1_pd(k_c1));
-        const __m256d cr = _mm256_fmadd_pd(_mm256_mul_pd(z, z), pc, _mm256_fnmadd_pd(_mm256_set1_pd(0.5), z,
-                                                                                    _mm256_set1_pd(1.0)));
-        /* blendv selects by the sign bit: move the quadrant's bit 0 there */
-        const __m256d odd = _mm256_castsi256_pd(_mm256_slli_epi64(q, 63));
-        const __m256i sv = _mm256_castpd_si256(_mm256_blendv_pd(sr, cr, odd));
-        const __m256i cv = _mm256_castpd_si256(_mm256_blendv_pd(cr, sr, odd));
-        const __m256i sneg = _mm256_slli_epi64(_mm256_and_si256(q, two), 62);
-        const __m256i cneg = _mm256_slli_epi64(_mm256_and_si256(_mm256_add_epi64(q, one), two), 62);
-        __m256d sd = _mm256_castsi256_pd(_mm256_xor_si256(sv, sneg));
-        __m256d cd = _mm256_castsi256_pd(_mm256_xor_si256(cv, cneg));
-        if (scaled)
-            sd = _mm256_mul_pd(sd, mv), cd = _mm256_mul_pd(cd, mv);
-        _mm_storeu_ps(s + i, _mm256_cvtpd_ps(sd));
-        _mm_storeu_ps(c + i, _mm256_cvtpd_ps(cd));
-    }
-}
-#endif
 
 /* freq and axis of pairs [p0, p0 + n): once per thread and chunk. `plain` (no scaling, no
  * freq_factors: the 0.1 calls) passes lmk_rope_freq those values as constants, which fold away:
@@ -240,26 +142,9 @@ static void fill_angles(const rope_job *j, rope_table *tb, size_t n, size_t toke
     const size_t n8 = (n + 7) / 8 * 8;
     for (size_t i = 0; i < n8; i++)
         tb->theta[i] = pos[tb->axis[i]] * tb->freq[i];
-    const double m = g->mscale;
-#if LMK_CPU_X86
-    if (max_pos * tb->max_freq <= THETA_VECTOR_MAX) {
-        if (j->isa == LMK_CPU_AVX512) {
-            sincos_avx512(tb->theta, tb->cos, tb->sin, n8, m);
-            return;
-        }
-        if (j->isa == LMK_CPU_AVX2) {
-            sincos_avx2(tb->theta, tb->cos, tb->sin, n8, m);
-            return;
-        }
-    }
-#endif
-    for (size_t i = 0; i < n; i++) {
-        double c = cos(tb->theta[i]), s = sin(tb->theta[i]);
-        if (m != 1.0)
-            c *= m, s *= m;
-        tb->cos[i] = (float)c;
-        tb->sin[i] = (float)s;
-    }
+    /* |theta| <= max_pos * max_freq; NaN or inf there (an infinite freq) fails the test */
+    const lmk_cpu_isa isa = max_pos * tb->max_freq <= LMK_CPU_SINCOS_VECTOR_MAX ? j->isa : LMK_CPU_SCALAR;
+    lmk_cpu_sincos(isa, tb->theta, tb->cos, tb->sin, isa == LMK_CPU_SCALAR ? n : n8, g->mscale);
 }
 
 /* ---- rows: scalar ---- */
