@@ -25,13 +25,17 @@
  * while a token is computed. Rows larger than FAST_DIM or with more pairs than CHUNK take an
  * element-wise path. docs/cpu_notes.md ("attn_prologue") has the measurements.
  *
- * Angles use libm's double cos/sin: lmk_rope's vector sin/cos is private to src/ops/rope/cpu.c
- * (docs/cpu_notes.md says what sharing it would save).
+ * Angles: on the row path the token's thetas go into the row buffer (free between tokens, so no
+ * stack grows) and lmk_cpu_sincos (src/cpu/sincos.c, lmk_rope's table code) evaluates them with
+ * vector polynomials at the vector levels while every |theta| <= LMK_CPU_SINCOS_VECTOR_MAX, the
+ * same rule as lmk_rope's, so at a given level both ops give a (token, pair) the same m*cos and
+ * m*sin. The scalar level, angles beyond the bound and the element-wise path (no buffer) use
+ * libm. On Qwen3-8B bf16, libm's cos/sin had been a third of a token's time (docs/cpu_notes.md).
  *
  * Stack use is fixed: per-pair tables for CHUNK pairs (larger rope_dim is processed chunk by
  * chunk), norm factors for CHUNK rows at a time, and on the row path one row and one widened norm
- * weight (refilled per token for q and for k): 8.9 KB in all measured at -O2, 14.9 KB at -O0
- * (gcc), inside lmk.h's 16 KiB bound (tests/test_small_stack.c).
+ * weight (refilled per token for q and for k): 9.1 KB in all measured at -O2 (gcc; clang 10.0 KB),
+ * 15.1 KB at -O0 (gcc), inside lmk.h's 16 KiB bound (tests/test_small_stack.c).
  */
 #include "cpu/cpu.h"
 #include "ops/attn_prologue/attn_prologue.h"
@@ -60,13 +64,24 @@ typedef struct ap_row {
     row_dest dest[2];
 } ap_row;
 
-/* Per-thread tables of one chunk of pairs: c = m*cos, s = m*sin. */
+/* Per-thread tables of one chunk of pairs: c = m*cos, s = m*sin. CHUNK is a multiple of 8, so c
+ * and s hold lmk_cpu_sincos's padded vector tail. */
 typedef struct ap_table {
     _Alignas(64) float c[CHUNK];
     _Alignas(64) float s[CHUNK];
     double freq[CHUNK];
     unsigned char axis[CHUNK];
+    double max_freq; /* max |freq| of the chunk */
 } ap_table;
+
+/* The row path's buffer: an f32 row while the token's rows are built, the token's angles (double)
+ * while its table is filled. A union, so the two views of the memory are ordered by the compiler
+ * (the angles are written through it), and the angles need no stack of their own. */
+typedef union ap_buf {
+    _Alignas(64) float x[FAST_DIM];
+    double theta[FAST_DIM / 2];
+} ap_buf;
+_Static_assert(CHUNK % 8 == 0 && FAST_DIM / 2 >= CHUNK, "theta holds a chunk padded to a multiple of 8");
 
 /* A launch: the arguments, the ISA level, and which destination tensors may stream. */
 typedef struct ap_job {
@@ -114,9 +129,10 @@ LMK_INLINE void st(const row_dest *d, size_t i, float v)
 
 /* ---- per-pair tables ---- */
 
-/* freq and axis of pairs [p0, p0 + n). */
+/* freq and axis of pairs [p0, p0 + n), and their max |freq|. */
 static void fill_freqs(const lmk_rope_angle *g, ap_table *tb, uint32_t p0, uint32_t n)
 {
+    tb->max_freq = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t j;
         const uint32_t p = p0 + i;
@@ -124,16 +140,37 @@ static void fill_freqs(const lmk_rope_angle *g, ap_table *tb, uint32_t p0, uint3
         const double ff = g->freq_factors ? (double)g->freq_factors[p] : 1.0;
         tb->freq[i] = lmk_rope_freq(g->freq_base, g->exp_n, g->freq_scale, g->ext_factor, g->ramp_low, g->ramp_high,
                                     p, j, ff);
+        /* an infinite freq makes the bound test below inf or NaN, so that token goes to libm */
+        if (fabs(tb->freq[i]) > tb->max_freq)
+            tb->max_freq = fabs(tb->freq[i]);
     }
 }
 
-/* m*cos and m*sin of each pair for one token, the product in double. */
-static void fill_angles(const lmk_rope_angle *g, ap_table *tb, uint32_t n, size_t token)
+/* m*cos and m*sin of each pair for one token, theta = pos * freq and the product by m in double.
+ * With a buffer b for the angles (the row path) at a vector level, lmk_cpu_sincos's vector
+ * polynomials when every |theta| is within its bound, as lmk_rope's fill_angles decides; libm
+ * otherwise. */
+LMK_INLINE void fill_angles(lmk_cpu_isa isa, const lmk_rope_angle *g, ap_table *tb, uint32_t n, size_t token,
+                            ap_buf *b)
 {
+    double pos[4], max_pos = 0;
+    for (int a = 0; a < 4; a++) { /* pos_axis_stride 0 (NORMAL, NEOX): every axis is the token's one */
+        pos[a] = lmk_rope_pos(g->positions, (int)g->pos_dtype, (uint64_t)a * g->pos_axis_stride + token);
+        if (fabs(pos[a]) > max_pos)
+            max_pos = fabs(pos[a]);
+    }
+    if (b && isa != LMK_CPU_SCALAR && max_pos * tb->max_freq <= LMK_CPU_SINCOS_VECTOR_MAX) {
+        const uint32_t n8 = (n + 7) / 8 * 8;
+        for (uint32_t i = 0; i < n; i++)
+            b->theta[i] = pos[tb->axis[i]] * tb->freq[i];
+        for (uint32_t i = n; i < n8; i++)
+            b->theta[i] = 0;
+        lmk_cpu_sincos(isa, b->theta, tb->c, tb->s, n8, g->mscale);
+        return;
+    }
     const double m = g->mscale;
     for (uint32_t i = 0; i < n; i++) {
-        const double pos = lmk_rope_pos(g->positions, (int)g->pos_dtype, (uint64_t)tb->axis[i] * g->pos_axis_stride + token);
-        const double theta = pos * tb->freq[i];
+        const double theta = pos[tb->axis[i]] * tb->freq[i];
         double c = cos(theta), s = sin(theta);
         if (m != 1.0)
             c *= m, s *= m;
@@ -294,7 +331,7 @@ static void do_token(const ap_job *jb, ap_table *tb, bool freqs_cached, size_t t
             const uint32_t n = n_pairs - p0 < CHUNK ? n_pairs - p0 : CHUNK;
             if (!freqs_cached)
                 fill_freqs(&a->rope.angle, tb, p0, n);
-            fill_angles(&a->rope.angle, tb, n, token);
+            fill_angles(LMK_CPU_SCALAR, &a->rope.angle, tb, n, token, NULL); /* libm: no buffer here */
             for (size_t h = g0; h < g1; h++) {
                 ap_row r = make_row(jb, token, h, slot);
                 r.r = rf[h - g0];
@@ -1142,12 +1179,13 @@ LMK_INLINE void load_weights(lmk_cpu_isa isa, const lmk_attn_prologue_args *a, i
         w[i] += off;
 }
 
-LMK_INLINE void do_tokens(lmk_cpu_isa isa, const ap_job *jb, ap_table *tb, float *w, float *x, size_t lo, size_t hi)
+LMK_INLINE void do_tokens(lmk_cpu_isa isa, const ap_job *jb, ap_table *tb, float *w, ap_buf *b, size_t lo, size_t hi)
 {
     const lmk_attn_prologue_args *a = jb->a;
+    float *x = b->x;
     for (size_t token = lo; token < hi; token++) {
         const long long slot = slot_of(a, token);
-        fill_angles(&a->rope.angle, tb, a->rope.angle.n_pairs, token);
+        fill_angles(isa, &a->rope.angle, tb, a->rope.angle.n_pairs, token, b);
         for (int k = 0; k < 2; k++) {
             load_weights(isa, a, k, w);
             for (size_t h0 = 0; h0 < a->rope.t[k].n_heads; h0 += ROW_GROUP) {
@@ -1161,22 +1199,22 @@ LMK_INLINE void do_tokens(lmk_cpu_isa isa, const ap_job *jb, ap_table *tb, float
 }
 
 /* Each level's token loop, the level a constant so that every step call is direct. */
-static void tokens_scalar(const ap_job *jb, ap_table *tb, float *w, float *x, size_t lo, size_t hi)
+static void tokens_scalar(const ap_job *jb, ap_table *tb, float *w, ap_buf *b, size_t lo, size_t hi)
 {
-    do_tokens(LMK_CPU_SCALAR, jb, tb, w, x, lo, hi);
+    do_tokens(LMK_CPU_SCALAR, jb, tb, w, b, lo, hi);
 }
 
 #if LMK_CPU_X86
-LMK_TARGET_AVX512 static void tokens_avx512(const ap_job *jb, ap_table *tb, float *w, float *x, size_t lo,
+LMK_TARGET_AVX512 static void tokens_avx512(const ap_job *jb, ap_table *tb, float *w, ap_buf *b, size_t lo,
                                             size_t hi)
 {
-    do_tokens(LMK_CPU_AVX512, jb, tb, w, x, lo, hi);
+    do_tokens(LMK_CPU_AVX512, jb, tb, w, b, lo, hi);
 }
 
-LMK_TARGET_AVX2 static void tokens_avx2(const ap_job *jb, ap_table *tb, float *w, float *x, size_t lo,
+LMK_TARGET_AVX2 static void tokens_avx2(const ap_job *jb, ap_table *tb, float *w, ap_buf *b, size_t lo,
                                         size_t hi)
 {
-    do_tokens(LMK_CPU_AVX2, jb, tb, w, x, lo, hi);
+    do_tokens(LMK_CPU_AVX2, jb, tb, w, b, lo, hi);
 }
 #endif
 
@@ -1199,15 +1237,16 @@ static void prologue_task(void *ctx, int tid, int n_threads)
             do_token(jb, &tb, one_chunk, token);
         return;
     }
-    _Alignas(64) float w[FAST_DIM], x[FAST_DIM]; /* a norm weight (plus offset) and a row */
+    _Alignas(64) float w[FAST_DIM]; /* a norm weight (plus offset) */
+    ap_buf b;                        /* a row, or the token's angles */
 #if LMK_CPU_X86
     if (jb->isa == LMK_CPU_AVX512)
-        tokens_avx512(jb, &tb, w, x, lo, hi);
+        tokens_avx512(jb, &tb, w, &b, lo, hi);
     else if (jb->isa == LMK_CPU_AVX2)
-        tokens_avx2(jb, &tb, w, x, lo, hi);
+        tokens_avx2(jb, &tb, w, &b, lo, hi);
     else
 #endif
-        tokens_scalar(jb, &tb, w, x, lo, hi);
+        tokens_scalar(jb, &tb, w, &b, lo, hi);
     if (jb->nt_q || jb->nt_k || jb->nt_kc || jb->nt_vc)
         lmk_cpu_stream_fence();
 }
