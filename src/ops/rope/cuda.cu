@@ -42,23 +42,25 @@
  * while they are in flight (angle_begin, angle_end).
  *
  * Two kernels, both reading the (cos, sin) of a block's (token, pair) angles from a shared-memory
- * table that the block computes once (one angle per thread) for all its rows of q and k:
- *   rope_multi_kernel (prefill): a block takes a tile of `tile_tokens` tokens and a group of rows.
- *     A thread issues its angle's loads, loads its first batch of pair units and of copy units,
- *     finishes its angle, stores the copies and streams the rest, then waits at the barrier and
- *     rotates its pair units, so the angle overlaps a memory round trip. Pair and copy items are
- *     enumerated separately (a warp runs one kind). plan_tiles.
+ * table that the block computes once for all its rows of q and k:
+ *   rope_rows_kernel (prefill, version 11): a thread keeps one (row, unit) for several tokens, so
+ *     a token costs it one 64-bit multiply-add of the token stride, and no division runs per item
+ *     (v10 spent two run-time divisions and four 64-bit products per item, twice: Nsight Compute
+ *     showed it issue-bound, 43-47% more instructions than lmk 0.1's kernel). A tile of tokens
+ *     has pair blocks (threads: pair unit x row x token lane; they form the tile's angles while
+ *     their loads are in flight, then rotate) and copy blocks (threads: copy unit x row x token
+ *     lane; no angles, no barrier), kTB tokens loaded before any is stored. plan_rows.
  *   rope_decode_kernel (small T): one token per block, whole rows per block, one item per thread
  *     (threadIdx.x is the item of the row, threadIdx.y the row) and at most one angle per thread,
  *     no loop, no run-time division. Chosen when its grid is at most 2 blocks per SM, where the
  *     prefill kernel cannot fill the GPU either. plan_decode.
- * On sm_90 and later both launch with programmatic dependent launch (pdl_enter, pdl_on): a launch
- * may start while the previous kernel of the stream finishes and waits for it before its first
- * memory access (run 10: decode 2.1 -> 1.4 us per call in a graph; prefill equal or better).
+ * On sm_90 and later both launch with programmatic dependent launch (kernel_common.cuh: pdl_enter,
+ * lmk_cuda_device.pdl): a launch may start while the previous kernel of the stream finishes and
+ * waits for it before its first memory access (run 10: decode 2.1 -> 1.4 us per call in a graph).
  * Everything a launch needs travels by value in RopeParams (no allocation, no copy, no sync): a
  * call can be captured into a CUDA graph. lmk_cuda_rope plans in named steps: plan_units (VE and
  * layout), plan_geometry (rows, strides, untouched ranges), then per slice of pairs plan_slice,
- * plan_angles (the angle constants), and plan_decode or else plan_tiles (the launch shape).
+ * plan_angles (the angle constants), and plan_decode or else plan_rows (the launch shape).
  *
  * Precision (lmk.h: f32 within 1e-5 * max(1, m) of float64 for |x| <= 2 and |angle| <= 2^20): the
  * angle is pos * freq in float64 and reduced by k*pi/2 in float64 (exact to ~1e-16 for |theta| <=
@@ -67,27 +69,21 @@
  * results within one ulp. A non-finite angle (a freq_factor of 0 or inf) gives NaN, as cos(inf).
  */
 #include "cuda/cuda_internal.h"
+#include "cuda/kernel_common.cuh"
 #include "ops/rope/rope.h"
 #include "ops/rope/rope_common.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-#include <atomic>
 #include <math.h>
 #include <stdint.h>
 
 namespace {
 
-constexpr int kThreads = 256;
-/* Items a thread loads before it stores them, the most that fit 80 registers without spills. Pair
- * items (two units each): 1 in the kernel with copy items (there a block of the model shapes has
- * fewer pair items than threads: Qwen3.5, 224), 4 in the one without (in place, or rope_dim ==
- * head_dim). Copy items: 5, so a Qwen3.5 block's 1344 copy items are one batch of every thread and
- * a sixth item for 64 threads (v8's 4 left 320 items to a second round). */
-template <bool COPY> constexpr int kRotBatch = COPY ? 1 : 4;
-constexpr int kCopyBatch = 5;
-constexpr uint32_t kBlockItems = 1024; /* work items a prefill block aims for */
+/* The prefill kernel (rope_rows_kernel): threads a block has at most, the tokens a thread loads
+ * before it stores any (kTB units of a copy item, 2 * kTB of a pair item: 64 or 128 bytes in
+ * flight a thread), and the most (token, pair) angles a tile holds (16 KB of shared memory). */
+constexpr uint32_t kRowThreads = 256;
+constexpr int kTB = 4;
+constexpr uint32_t kTileAngles = 2048;
 /* The small-T kernel: threads a block aims for (whole rows of one token, one item per thread) and
  * the most items per row it takes (one row per block at most); wider rows (head_dim >= 512 with
  * narrow units) go to the prefill kernel. */
@@ -96,14 +92,12 @@ constexpr uint32_t kDecMaxItems = 512;
 /* Up to this many rows in a launch (T x heads), 2-byte types take 8-byte units instead of 16: then
  * bf16 gets f32's items, threads and blocks at decode (docs/cuda_notes.md, v7). */
 constexpr uint64_t kDecNarrowRows = 64;
-/* The most pairs one launch rotates (a block computes at most kThreads angles, one per thread, and
- * a tile of one token holds every pair of its slice): rope_dim <= 256, every model we know, is one
- * launch; beyond, one launch per slice of kSlicePairs pairs. A multiple of 8: a slice holds whole
- * units of up to 8 pairs. */
+/* The most pairs one launch rotates (a decode block computes at most one angle per thread): rope_dim
+ * <= 256, every model we know, is one launch; beyond, one launch per slice of kSlicePairs pairs. A
+ * multiple of 8: a slice holds whole units of up to 8 pairs. */
 constexpr uint32_t kSlicePairs = 128;
-static_assert(kSlicePairs % 8 == 0 && kSlicePairs <= kThreads, "a slice holds whole units; one angle per thread");
-/* Blocks of the prefill kernel resident per SM (its launch bounds): 80 registers a thread. */
-constexpr uint32_t kPrefillBlocksPerSM = 3;
+static_assert(kSlicePairs % 8 == 0 && kSlicePairs <= kDecThreads, "a slice holds whole units; one angle per thread");
+static_assert(kSlicePairs * kTB <= kTileAngles, "a tile holds at least kTB tokens");
 
 /* The rows and units of a launch (plan_geometry). Byte strides are 64-bit; offsets within a row
  * (ustep_b, stride_b, c1_b, c2_b and everything built from them) fit 32 bits. */
@@ -141,25 +135,30 @@ struct AnglePlan {
     float mscale;
 };
 
-/* The prefill kernel's blocks (plan_tiles). */
-struct TilePlan {
+/* The prefill kernel's blocks (plan_rows). A tile is `tile` tokens; its blocks are `pg` pair
+ * groups (rows [g * p_by, (g + 1) * p_by) of the rows' pair units; a block's threads are (pair unit,
+ * row, token lane) with npu x p_by x p_tz, each lane taking kTB tokens) and then `groups - pg` copy
+ * groups (rows crow0 + [c * c_by, (c + 1) * c_by) of the copied rows; threads (copy unit, row,
+ * token lane) with c_bx x c_by x c_tz, c_bx <= nc looping over the units). */
+struct RowsPlan {
     uint64_t seq, n_blocks;          /* tokens; tiles * groups */
-    uint32_t tile_tokens;
-    uint32_t groups, rows_per_group;
+    uint32_t tile, groups, pg;
+    uint32_t p_by, p_tz;
+    uint32_t c_bx, c_by, c_tz, crow0, crows;
 };
 
 /* Everything a launch needs, passed by value (kernel parameter space: no allocation, no copy). */
 struct RopeParams {
     Geom g;
     AnglePlan a;
-    TilePlan tp;
+    RowsPlan rp;
 };
 static_assert(sizeof(RopeParams) <= 4000, "kernel parameters must stay under the 4 KB limit");
 
 /* How a launch is shaped. */
 struct LaunchPlan {
     bool decode;
-    bool pdl;                        /* programmatic stream serialization (pdl_on) */
+    bool pdl;                        /* programmatic stream serialization (lmk_cuda_device.pdl) */
     dim3 blocks, threads;
     size_t smem;
 };
@@ -168,152 +167,13 @@ struct LaunchPlan {
  * Device helpers: raw units, dtypes, the angle.
  * ------------------------------------------------------------------------------------------- */
 
-/* A unit of NB bytes held as 32-bit words (NB = 2 uses the low half of w[0]). */
-template <int NB> struct Raw { uint32_t w[NB >= 4 ? NB / 4 : 1]; };
-
-/* Loads are evict-first (the input is dead once read); ld.global.cs is coherent, so it is also
- * right in place. Stores are plain: the output is what the next op (attention) reads. */
-template <int NB> __device__ __forceinline__ Raw<NB> load(const unsigned char *p)
-{
-    Raw<NB> r;
-    if constexpr (NB == 16) {
-        const uint4 v = __ldcs(reinterpret_cast<const uint4 *>(p));
-        r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
-    } else if constexpr (NB == 8) {
-        const uint2 v = __ldcs(reinterpret_cast<const uint2 *>(p));
-        r.w[0] = v.x, r.w[1] = v.y;
-    } else if constexpr (NB == 4) {
-        r.w[0] = __ldcs(reinterpret_cast<const unsigned *>(p));
-    } else {
-        r.w[0] = __ldcs(reinterpret_cast<const unsigned short *>(p));
-    }
-    return r;
-}
-
-template <int NB> __device__ __forceinline__ void store(unsigned char *p, const Raw<NB> &r)
-{
-    if constexpr (NB == 16)
-        *reinterpret_cast<uint4 *>(p) = make_uint4(r.w[0], r.w[1], r.w[2], r.w[3]);
-    else if constexpr (NB == 8)
-        *reinterpret_cast<uint2 *>(p) = make_uint2(r.w[0], r.w[1]);
-    else if constexpr (NB == 4)
-        *reinterpret_cast<unsigned *>(p) = r.w[0];
-    else
-        *reinterpret_cast<unsigned short *>(p) = (unsigned short)r.w[0];
-}
-
-/* dtype traits: DT is the lmk_dtype value (LMK_F32, LMK_F16, LMK_BF16). */
-template <int DT> struct Elem;
-
-template <> struct Elem<LMK_F32> {
-    static constexpr int size = 4;
-    static __device__ __forceinline__ float widen(uint32_t b) { return __uint_as_float(b); }
-};
-
-template <> struct Elem<LMK_BF16> {
-    static constexpr int size = 2;
-    static __device__ __forceinline__ float widen(uint32_t b) { return __uint_as_float(b << 16); }
-    /* Round to nearest even; a NaN stays a quiet NaN with its sign (lmk_f32_to_bf16). */
-    static __device__ __forceinline__ uint32_t narrow(float f)
-    {
-        const uint32_t u = __float_as_uint(f);
-        if ((u & 0x7fffffffu) > 0x7f800000u)
-            return (u >> 16) | 0x0040u;
-        return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    }
-    /* Two values packed (lo in the low half): one cvt.rn.bf16x2.f32, which rounds to nearest even
-     * like narrow() but returns a canonical NaN, so NaNs take narrow(). */
-    static __device__ __forceinline__ uint32_t narrow2(float lo, float hi)
-    {
-        if (lo != lo || hi != hi)
-            return narrow(lo) | (narrow(hi) << 16);
-        const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-        return (uint32_t)__bfloat16_as_ushort(v.x) | ((uint32_t)__bfloat16_as_ushort(v.y) << 16);
-    }
-};
-
-template <> struct Elem<LMK_F16> {
-    static constexpr int size = 2;
-    static __device__ __forceinline__ float widen(uint32_t b)
-    {
-        return __half2float(__ushort_as_half((unsigned short)b));
-    }
-    /* cvt.rn.f16.f32 rounds to nearest even and overflows to infinity; a NaN is kept as a quiet
-     * NaN with its sign and top payload bits (lmk_f32_to_f16), not cvt's canonical NaN. */
-    static __device__ __forceinline__ uint32_t narrow(float f)
-    {
-        const uint32_t u = __float_as_uint(f);
-        if ((u & 0x7fffffffu) > 0x7f800000u)
-            return ((u >> 16) & 0x8000u) | 0x7e00u | ((u >> 13) & 0x03ffu);
-        return __half_as_ushort(__float2half_rn(f));
-    }
-    /* Two values packed (lo in the low half): one cvt.rn.f16x2.f32; NaNs take narrow(). */
-    static __device__ __forceinline__ uint32_t narrow2(float lo, float hi)
-    {
-        if (lo != lo || hi != hi)
-            return narrow(lo) | (narrow(hi) << 16);
-        const __half2 v = __floats2half2_rn(lo, hi);
-        return (uint32_t)__half_as_ushort(v.x) | ((uint32_t)__half_as_ushort(v.y) << 16);
-    }
-};
-
+/* Element e of a unit's raw bits (widen them with Elem<DT>::widen). */
 template <int DT, int VE> __device__ __forceinline__ uint32_t get_bits(const Raw<VE * Elem<DT>::size> &r, int e)
 {
     if constexpr (Elem<DT>::size == 4)
         return r.w[e];
     else
         return (r.w[e >> 1] >> (16 * (e & 1))) & 0xffffu;
-}
-
-/* The unit holding the values f[e], rounded to the dtype. */
-template <int DT, int VE> __device__ __forceinline__ Raw<VE * Elem<DT>::size> pack(const float (&f)[VE])
-{
-    Raw<VE * Elem<DT>::size> r;
-    if constexpr (Elem<DT>::size == 4) {
-#pragma unroll
-        for (int e = 0; e < VE; e++)
-            r.w[e] = __float_as_uint(f[e]);
-    } else if constexpr (VE == 1) {
-        r.w[0] = Elem<DT>::narrow(f[0]);
-    } else {
-#pragma unroll
-        for (int e = 0; e < VE; e += 2)
-            r.w[e >> 1] = Elem<DT>::narrow2(f[e], f[e + 1]);
-    }
-    return r;
-}
-
-/* pi/2 split in two doubles for the Cody-Waite reduction: hi is the double nearest pi/2 and lo the
- * double nearest pi/2 - hi, so k*(hi + lo) is k*pi/2 to ~1e-33 relative for |k| < 2^51. */
-constexpr double kPiHalfHi = 1.57079632679489655800e+00;
-constexpr double kPiHalfLo = 6.12323399573676603587e-17;
-constexpr double kTwoOverPi = 6.36619772367581382433e-01;
-constexpr double kRound = 6755399441055744.0; /* 1.5 * 2^52: x + kRound rounds x to an integer */
-
-/* (cos, sin) of theta. The quadrant reduction is in double: t = kRound + rint(theta*2/pi) in one
- * FMA (its low word holds the quadrant k mod 4), r = theta - k*pi/2 in two FMAs, exact to ~1e-16
- * for |theta| < 2^51. Then sin and cos of the f32 r (|r| <= pi/4) by two short polynomials (the
- * minimax ones of CUDA's own sincosf kernel; max error 7e-8 absolute, 1.5 ulp, measured against
- * libm over 4e7 angles with |theta| <= 2^20) and a quadrant swap: branch-free, no stack frame. The
- * clamp only matters for |theta| >= 2^51 (absurd bases), where it keeps the result finite and
- * bounded; r is NaN exactly when theta is not finite, and then both results are NaN. */
-__device__ __forceinline__ float2 rope_cs(double theta)
-{
-    const double t = fma(theta, kTwoOverPi, kRound);
-    const double k = t - kRound;
-    const float r = (float)fma(-k, kPiHalfLo, fma(-k, kPiHalfHi, theta));
-    const float x = fminf(fmaxf(r, -1.0f), 1.0f);
-    const uint32_t q = (uint32_t)__double2loint(t);
-    const float x2 = x * x;
-    const float ps = fmaf(fmaf(fmaf(-1.95152959e-4f, x2, 8.33216087e-3f), x2, -1.66666546e-1f), x2 * x, x);
-    const float pc =
-        fmaf(fmaf(fmaf(fmaf(2.44331571e-5f, x2, -1.38873163e-3f), x2, 4.16666457e-2f), x2, -0.5f), x2, 1.0f);
-    float sn = (q & 1) ? pc : ps, cs = (q & 1) ? -ps : pc;
-    if (q & 2)
-        sn = -sn, cs = -cs;
-    if (r != r)
-        sn = cs = __int_as_float(0x7fc00000);
-    return make_float2(cs, sn);
 }
 
 /* lmk_rope_freq(..., p, j, ff = 1) with theta_e = exp2(j * log2_step) instead of pow(freq_base,
@@ -354,15 +214,26 @@ __device__ __forceinline__ AngleIn angle_begin(const AnglePlan &a, uint64_t t, u
     return in;
 }
 
-__device__ __forceinline__ float2 angle_end(const AnglePlan &a, uint32_t i, const AngleIn &in)
+/* The factor of the slice's pair i before freq_factors: kernel parameters only, so the decode
+ * kernel forms it before it waits for the previous kernel (pdl_enter), off its critical path. */
+__device__ __forceinline__ double angle_freq(const AnglePlan &a, uint32_t i)
 {
     uint32_t j;
     (void)lmk_rope_axis_at(&a.axes, a.p0 + i, &j);
-    double freq = pair_freq(a, a.p0 + i, j);
+    return pair_freq(a, a.p0 + i, j);
+}
+
+__device__ __forceinline__ float2 angle_finish(const AnglePlan &a, double freq, const AngleIn &in)
+{
     if (a.ff)
         freq = freq / (double)in.ff;
     const float2 cs = rope_cs((double)in.pos * freq);
     return make_float2(cs.x * a.mscale, cs.y * a.mscale);
+}
+
+__device__ __forceinline__ float2 angle_end(const AnglePlan &a, uint32_t i, const AngleIn &in)
+{
+    return angle_finish(a, angle_freq(a, i), in);
 }
 
 /* Where row r (q for r < nh0, else k) of token t starts, in and out, and whether its tensor is
@@ -441,190 +312,125 @@ __device__ __forceinline__ void rotate_store(const Raw<VE * Elem<DT>::size> &ra,
  * The prefill kernel.
  * ------------------------------------------------------------------------------------------- */
 
-/* One batch of pair items of a thread: the loaded a and b units, and the item's row and (token of
- * the tile, unit) from which rot_store recomputes the output address and the table index. Keeping
- * two 32-bit words instead of an output pointer and a table index is what keeps the 16-byte
- * kernels within 80 registers now that in and out rows have their own strides (ptxas spilled
- * 24-48 bytes otherwise). tl < 256 and u < 128 (a tile holds at most kThreads angles, a slice at
- * most kSlicePairs pairs), so both fit 16 bits. */
-template <int NB, int RB> struct RotBatch {
-    Raw<NB> a[RB], b[RB];
-    uint32_t r[RB];         /* row; ~0u: no item */
-    uint32_t key[RB];       /* tl << 16 | u */
+/* Where row r (q for r < nh0, else k) starts at token 0, in and out, and its token strides (bytes).
+ * A thread keeps one row for all its tokens: a token then costs one 64-bit multiply-add. */
+struct RowPtr {
+    const unsigned char *in;
+    unsigned char *out;
+    uint64_t it, ot;
 };
-
-/* Loads the pair items i, i + kThreads, ... of this block. An item is (token tl of the tile, row
- * r_lo + rr, unit u of the slice), u fastest so a warp reads contiguous units; a unit holds PPU
- * pairs, and the table holds g.half pairs per token. */
-template <int ES, int VE, bool IL, int RB>
-__device__ __forceinline__ void rot_load(const Geom &g, RotBatch<VE * ES, RB> &bt, uint32_t i, uint32_t n_items,
-                                         uint32_t nr, uint64_t t0, uint32_t r_lo)
+__device__ __forceinline__ RowPtr row_ptr(const Geom &g, uint32_t r)
 {
-#pragma unroll
-    for (int k = 0; k < RB; k++) {
-        const uint32_t item = i + k * kThreads;
-        bt.r[k] = ~0u;
-        if (item < n_items) {
-            const uint32_t u = item % g.npu, rr = item / g.npu;
-            const uint32_t tl = rr / nr, r = r_lo + (rr - tl * nr);
-            const RowRef ref = row_ref(g, t0 + tl, r);
-            const uint32_t off = g.pair_b + u * g.ustep_b;
-            bt.a[k] = load<VE * ES>(ref.in + off);
-            if constexpr (!IL)
-                bt.b[k] = load<VE * ES>(ref.in + off + g.stride_b);
-            bt.r[k] = r;
-            bt.key[k] = tl << 16 | u;
-        }
-    }
+    const bool k = r >= g.nh0;
+    const uint64_t h = k ? r - g.nh0 : r;
+    return RowPtr{(k ? g.in1 : g.in0) + h * (k ? g.in_head1 : g.in_head0),
+                  (k ? g.out1 : g.out0) + h * (k ? g.out_head1 : g.out_head0), k ? g.in_tok1 : g.in_tok0,
+                  k ? g.out_tok1 : g.out_tok0};
 }
 
-template <int DT, int VE, bool IL, int RB>
-__device__ __forceinline__ void rot_store(const Geom &g, const RotBatch<VE * Elem<DT>::size, RB> &bt,
-                                          const float2 *s_cs, uint64_t t0)
+/* A pair block: thread (x, y, z) = (pair unit, row group * p_by + y, token lane) loads its unit of
+ * tokens z, z + p_tz, ... (kTB of them) while the block's angles are formed (one per thread, the
+ * first issuing its loads before the data's), waits at the barrier and rotates. Threads past the
+ * block's shape load nothing but still reach the barrier (they may form angles). */
+template <int DT, int VE, bool IL>
+__device__ __forceinline__ void pair_block(const RopeParams &p, uint64_t t0, uint32_t tt, uint32_t group,
+                                           float2 *s_cs)
 {
+    constexpr int NB = VE * Elem<DT>::size;
     constexpr uint32_t PPU = IL ? VE / 2 : VE;
-#pragma unroll
-    for (int k = 0; k < RB; k++)
-        if (bt.r[k] != ~0u) {
-            const uint32_t tl = bt.key[k] >> 16, u = bt.key[k] & 0xffffu;
-            const RowRef ref = row_ref(g, t0 + tl, bt.r[k]);
-            rotate_store<DT, VE, IL>(bt.a[k], bt.b[k], s_cs + tl * g.half + u * PPU,
-                                     ref.out + g.pair_b + u * g.ustep_b, g.stride_b);
-        }
-}
-
-/* One batch of copy items of a thread (out of place): the loaded units. Item k of the batch at ci is
- * ci + k * kThreads, an item is (token tl, row r_lo + rr, copy unit c), c fastest; copy_store finds
- * each item's address again from its index instead of keeping it (a pointer per item, 10 registers
- * for the batch of 5, made the 16-byte kernels spill). */
-template <int NB> struct CopyBatch {
-    Raw<NB> v[kCopyBatch];
-};
-
-/* Where copy item `item` of the block is read and written (its row's start and the offset in the
- * row), and whether its tensor is copied. */
-template <int NB>
-__device__ __forceinline__ RowRef copy_at(const Geom &g, uint32_t item, uint32_t nr, uint64_t t0, uint32_t r_lo,
-                                          uint32_t &off)
-{
-    const uint32_t c = item % g.nc, rr = item / g.nc;
-    const uint32_t tl = rr / nr, r = r_lo + (rr - tl * nr);
-    off = (c < g.nc1 ? g.c1_b : g.c2_b) + c * NB;
-    return row_ref(g, t0 + tl, r);
-}
-
-template <int NB>
-__device__ __forceinline__ void copy_load(const Geom &g, CopyBatch<NB> &cb, uint32_t ci, uint32_t n_copy, uint32_t nr,
-                                          uint64_t t0, uint32_t r_lo)
-{
-#pragma unroll
-    for (int k = 0; k < kCopyBatch; k++) {
-        const uint32_t item = ci + k * kThreads;
-        if (item < n_copy) {
-            uint32_t off;
-            const RowRef ref = copy_at<NB>(g, item, nr, t0, r_lo, off);
-            if (ref.copy)
-                cb.v[k] = load<NB>(ref.in + off);
-        }
-    }
-}
-
-template <int NB>
-__device__ __forceinline__ void copy_store(const Geom &g, const CopyBatch<NB> &cb, uint32_t ci, uint32_t n_copy,
-                                           uint32_t nr, uint64_t t0, uint32_t r_lo)
-{
-#pragma unroll
-    for (int k = 0; k < kCopyBatch; k++) {
-        const uint32_t item = ci + k * kThreads;
-        if (item < n_copy) {
-            uint32_t off;
-            const RowRef ref = copy_at<NB>(g, item, nr, t0, r_lo, off);
-            if (ref.copy)
-                store<NB>(ref.out + off, cb.v[k]);
-        }
-    }
-}
-
-/* Programmatic dependent launch (sm_90 and later): where the host launches with programmatic
- * stream serialization (pdl_on), a launch may start while the previous kernel of the stream is
- * still finishing. Both kernels call this before their first global memory access, read or write
- * (a write must not land under a previous kernel still reading that buffer): wait blocks until
- * every prerequisite grid has completed and its writes are visible, so the early start moves only
- * the launch and the index arithmetic that precede it. Without a programmatic prerequisite (a
- * plain launch, the first in a stream, a launch after a copy or an event) it returns at once.
- * launch_dependents lets the next kernel of the stream start early if it opted in likewise, which
- * obliges it to wait the same way before reading our output; placed first, as measured (run 10).
- * Code for sm_80 has no such instruction, and the host then never sets the attribute (pdl_on). */
-__device__ __forceinline__ void pdl_enter()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-/* At most 80 registers, so 3 blocks of 256 threads fit an SM (ptxas -v, sm_90: see
- * docs/cuda_notes.md). A block is one (tile, row group); the grid is 2-D only when there are more
- * than 2^31 - 1 of them. There is no grid-stride loop: one cost ptxas -v showed is ~30 registers of
- * loop-carried state. COPY: the launch has copy items (g.nc > 0); without them the copy code is
- * left out and a thread keeps four times as many pair items in flight. The (cos, sin) table is
- * dynamic shared memory of tile_tokens * half entries (at most kThreads: 2 KB).
- * Order within a block: the angles' loads are issued (one angle per thread at most: the host sizes
- * the tile so), then the first batch of pair items and the first batch of copy items are loaded,
- * the angles are finished into shared memory, the copy items are stored and the rest of them
- * streamed, then the block syncs and rotates. So the angle chain overlaps a memory round trip
- * instead of delaying one. Copy items are dealt from the last thread down, so the first warps,
- * which compute the angles, get the fewest. */
-template <int DT, int VE, bool IL, bool COPY>
-__global__ void __launch_bounds__(kThreads, kPrefillBlocksPerSM) rope_multi_kernel(const __grid_constant__ RopeParams p)
-{
-    constexpr int ES = Elem<DT>::size, NB = VE * ES, RB = kRotBatch<COPY>;
-    extern __shared__ __align__(16) float2 s_cs[];
     const Geom &g = p.g;
-    const TilePlan &tp = p.tp;
-    const uint64_t blk = (uint64_t)blockIdx.y * gridDim.x + blockIdx.x;
-    if (blk >= tp.n_blocks)
-        return;
-    const uint64_t tile = blk >> 32 ? blk / tp.groups : (uint32_t)blk / tp.groups; /* 32-bit divide if it fits */
-    const uint32_t group = (uint32_t)(blk - tile * tp.groups);
-    const uint64_t t0 = tile * tp.tile_tokens;
-    const uint32_t tt = (uint32_t)min((uint64_t)tp.tile_tokens, tp.seq - t0);
-    const uint32_t r_lo = group * tp.rows_per_group;
-    const uint32_t nr = min(tp.rows_per_group, g.rows - r_lo);
-    const uint32_t n_items = tt * nr * g.npu;
-    pdl_enter();
-
-    const bool angle = threadIdx.x < tt * g.half;
-    const uint32_t a_tl = threadIdx.x / g.half, a_i = threadIdx.x - a_tl * g.half;
+    const RowsPlan &rp = p.rp;
+    const uint32_t tid = threadIdx.x, nthr = blockDim.x, n_ang = tt * g.half;
+    const uint32_t x = tid % g.npu, yz = tid / g.npu, y = yz % rp.p_by, z = yz / rp.p_by;
+    const uint32_t r = group * rp.p_by + y;
+    const bool live = z < rp.p_tz && r < g.rows;
+    const uint32_t a_tl = tid / g.half, a_i = tid - a_tl * g.half;
     AngleIn ain{};
-    if (angle)
+    if (tid < n_ang)
         ain = angle_begin(p.a, t0 + a_tl, a_i);
-    RotBatch<NB, RB> bt;
-    uint32_t i = threadIdx.x;
-    rot_load<ES, VE, IL, RB>(g, bt, i, n_items, nr, t0, r_lo);
-    [[maybe_unused]] CopyBatch<NB> cb;
-    [[maybe_unused]] uint32_t ci = kThreads - 1 - threadIdx.x;
-    [[maybe_unused]] const uint32_t n_copy = tt * nr * g.nc;
-    if constexpr (COPY)
-        copy_load<NB>(g, cb, ci, n_copy, nr, t0, r_lo);
-    if (angle)
-        s_cs[threadIdx.x] = angle_end(p.a, a_i, ain);
-    if constexpr (COPY) {
-        for (;;) {
-            copy_store<NB>(g, cb, ci, n_copy, nr, t0, r_lo);
-            ci += kCopyBatch * kThreads;
-            if (ci >= n_copy)
-                break;
-            copy_load<NB>(g, cb, ci, n_copy, nr, t0, r_lo);
+    const uint32_t off = g.pair_b + x * g.ustep_b;
+    RowPtr rr{};
+    Raw<NB> va[kTB], vb[kTB];
+    if (live) {
+        rr = row_ptr(g, r);
+#pragma unroll
+        for (int b = 0; b < kTB; b++) {
+            const uint32_t tl = z + b * rp.p_tz;
+            if (tl < tt) {
+                const unsigned char *src = rr.in + (t0 + tl) * rr.it + off;
+                va[b] = load<NB>(src);
+                if constexpr (!IL)
+                    vb[b] = load<NB>(src + g.stride_b);
+            }
         }
+    }
+    if (tid < n_ang)
+        s_cs[tid] = angle_end(p.a, a_i, ain);
+    for (uint32_t k = tid + nthr; k < n_ang; k += nthr) { /* more angles than threads (small rows) */
+        const uint32_t tl = k / g.half, i = k - tl * g.half;
+        s_cs[k] = angle_end(p.a, i, angle_begin(p.a, t0 + tl, i));
     }
     __syncthreads();
-    for (;;) {
-        rot_store<DT, VE, IL, RB>(g, bt, s_cs, t0);
-        i += RB * kThreads;
-        if (i >= n_items)
-            break;
-        rot_load<ES, VE, IL, RB>(g, bt, i, n_items, nr, t0, r_lo);
+    if (live) {
+#pragma unroll
+        for (int b = 0; b < kTB; b++) {
+            const uint32_t tl = z + b * rp.p_tz;
+            if (tl < tt)
+                rotate_store<DT, VE, IL>(va[b], vb[b], s_cs + tl * g.half + x * PPU, rr.out + (t0 + tl) * rr.ot + off,
+                                         g.stride_b);
+        }
     }
+}
+
+/* A copy block: thread (x, y, z) moves copy units x, x + c_bx, ... of copied row crow0 + c * c_by
+ * + y, tokens z, z + c_tz, ..., kTB loads before their stores. No angles, no barrier. */
+template <int NB>
+__device__ __forceinline__ void copy_block(const Geom &g, const RowsPlan &rp, uint64_t t0, uint32_t tt, uint32_t c)
+{
+    const uint32_t tid = threadIdx.x;
+    const uint32_t x0 = tid % rp.c_bx, yz = tid / rp.c_bx, y = yz % rp.c_by, z = yz / rp.c_by;
+    const uint32_t rc = c * rp.c_by + y;
+    if (z >= rp.c_tz || rc >= rp.crows)
+        return;
+    const RowPtr rr = row_ptr(g, rp.crow0 + rc);
+    for (uint32_t x = x0; x < g.nc; x += rp.c_bx) {
+        const uint32_t off = (x < g.nc1 ? g.c1_b : g.c2_b) + x * NB;
+        const unsigned char *src = rr.in + off;
+        unsigned char *dst = rr.out + off;
+        for (uint32_t tl = z; tl < tt; tl += kTB * rp.c_tz) {
+            Raw<NB> v[kTB];
+#pragma unroll
+            for (int b = 0; b < kTB; b++)
+                if (tl + b * rp.c_tz < tt)
+                    v[b] = load<NB>(src + (t0 + tl + b * rp.c_tz) * rr.it);
+#pragma unroll
+            for (int b = 0; b < kTB; b++)
+                if (tl + b * rp.c_tz < tt)
+                    store<NB>(dst + (t0 + tl + b * rp.c_tz) * rr.ot, v[b]);
+        }
+    }
+}
+
+/* A block is one (tile, group): pair groups first, then copy groups, so the blocks of one tile run
+ * side by side over the same rows. The grid is 2-D only past 2^31 - 1 blocks. The (cos, sin) table
+ * is dynamic shared memory of tile * half entries (pair blocks only use it). */
+template <int DT, int VE, bool IL>
+__global__ void __launch_bounds__(kRowThreads, 3) rope_rows_kernel(const __grid_constant__ RopeParams p)
+{
+    extern __shared__ __align__(16) float2 s_cs[];
+    const RowsPlan &rp = p.rp;
+    const uint64_t blk = (uint64_t)blockIdx.y * gridDim.x + blockIdx.x;
+    if (blk >= rp.n_blocks)
+        return;
+    const uint64_t tile = blk >> 32 ? blk / rp.groups : (uint32_t)blk / rp.groups; /* 32-bit divide if it fits */
+    const uint32_t group = (uint32_t)(blk - tile * rp.groups);
+    const uint64_t t0 = tile * rp.tile;
+    const uint32_t tt = (uint32_t)min((uint64_t)rp.tile, rp.seq - t0);
+    pdl_enter();
+    if (group < rp.pg)
+        pair_block<DT, VE, IL>(p, t0, tt, group, s_cs);
+    else
+        copy_block<VE * Elem<DT>::size>(p.g, rp, t0, tt, group - rp.pg);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -658,6 +464,7 @@ __global__ void __launch_bounds__(kDecMaxItems) rope_decode_kernel(const __grid_
     const RowRef ref = row_ref(g, t, live ? r : 0);
     const bool do_copy = COPY && !pair && live && ref.copy;
     const uint32_t j = threadIdx.y * blockDim.x + x; /* this thread's angle, if j < half */
+    const double freq = j < g.half ? angle_freq(p.a, j) : 0.0;
     pdl_enter();
     AngleIn ain{};
     if (j < g.half)
@@ -671,7 +478,7 @@ __global__ void __launch_bounds__(kDecMaxItems) rope_decode_kernel(const __grid_
         a = load<NB>(ref.in + off);
     }
     if (j < g.half)
-        s_cs[j] = angle_end(p.a, j, ain);
+        s_cs[j] = angle_finish(p.a, freq, ain);
     if (do_copy)
         store<NB>(ref.out + off, a);
     __syncthreads();
@@ -683,49 +490,9 @@ __global__ void __launch_bounds__(kDecMaxItems) rope_decode_kernel(const __grid_
  * Launch: the instantiation for a dtype, unit width and layout.
  * ------------------------------------------------------------------------------------------- */
 
-/* Whether launches on device `ordinal` use programmatic stream serialization: the device is sm_90
- * or later, and the code it runs of these kernels comes from compute_90 or later PTX, so it holds
- * pdl_enter's wait (a build for sm_80 alone, JIT-compiled on an H100, has none and must not start
- * early). Asked once per ordinal and cached: the preload asks at device open, outside any capture;
- * an ordinal past kPdlOrdinals, or a failed query, gets plain launches, which are always correct. */
-constexpr int kPdlOrdinals = 64;
-std::atomic<int> g_pdl[kPdlOrdinals]; /* 0 not asked yet, 1 plain, 2 programmatic */
-
-bool pdl_on(int ordinal)
-{
-    if (ordinal < 0 || ordinal >= kPdlOrdinals)
-        return false;
-    int v = g_pdl[ordinal].load(std::memory_order_relaxed);
-    if (v == 0) {
-        int major = 0;
-        cudaFuncAttributes fa;
-        const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal) == cudaSuccess &&
-                        cudaFuncGetAttributes(&fa, rope_decode_kernel<LMK_F32, 4, false, true>) == cudaSuccess;
-        if (!ok)
-            (void)cudaGetLastError(); /* the failed query is no launch error: the launch check must not see it */
-        v = ok && major >= 9 && fa.ptxVersion >= 90 ? 2 : 1;
-        g_pdl[ordinal].store(v, std::memory_order_relaxed);
-    }
-    return v == 2;
-}
-
-/* One launch, with the programmatic serialization attribute when L.pdl (then it may overlap the
- * previous kernel's end, and pdl_enter orders it). Inside a stream capture the attribute becomes a
- * programmatic edge of the graph between kernel nodes: the graph keeps one node per launch and the
- * same ordering at replay. */
 cudaError_t start(void (*kernel)(RopeParams), const RopeParams &p, const LaunchPlan &L, cudaStream_t st)
 {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = L.blocks;
-    cfg.blockDim = L.threads;
-    cfg.dynamicSmemBytes = L.smem;
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = L.pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kernel, p);
+    return lmk_cuda_start(kernel, p, L.blocks, L.threads, L.smem, st, L.pdl);
 }
 
 template <int DT, int VE, bool IL>
@@ -734,7 +501,7 @@ cudaError_t launch(const RopeParams &p, const LaunchPlan &L, cudaStream_t st)
     const bool copy = p.g.nc > 0;
     if (L.decode)
         return start(copy ? rope_decode_kernel<DT, VE, IL, true> : rope_decode_kernel<DT, VE, IL, false>, p, L, st);
-    return start(copy ? rope_multi_kernel<DT, VE, IL, true> : rope_multi_kernel<DT, VE, IL, false>, p, L, st);
+    return start(rope_rows_kernel<DT, VE, IL>, p, L, st);
 }
 
 /* IL exists only for units of two or more elements (plan_units never asks for it otherwise). */
@@ -773,9 +540,7 @@ cudaError_t launch_dtype(lmk_dtype dt, uint32_t ve, bool il, const RopeParams &p
 template <int DT, int VE, bool IL> void preload_layout(cudaError_t *first)
 {
     cudaFuncAttributes attr;
-    cudaError_t e = cudaFuncGetAttributes(&attr, rope_multi_kernel<DT, VE, IL, true>);
-    if (e == cudaSuccess)
-        e = cudaFuncGetAttributes(&attr, rope_multi_kernel<DT, VE, IL, false>);
+    cudaError_t e = cudaFuncGetAttributes(&attr, rope_rows_kernel<DT, VE, IL>);
     if (e == cudaSuccess)
         e = cudaFuncGetAttributes(&attr, rope_decode_kernel<DT, VE, IL, true>);
     if (e == cudaSuccess)
@@ -942,39 +707,59 @@ bool plan_decode(const Geom &g, uint64_t seq, int sm_count, LaunchPlan *L)
     return true;
 }
 
-/* The tile plan of the prefill kernel. A block's items are tile_tokens * rows_per_group * units; a
- * tile holds ~kBlockItems of them (a few per thread, fine-grained enough to balance the SMs). Groups
- * > 1 only when the tiles alone cannot occupy the GPU: then ~one item per thread. Items per block
- * stay under 2^30. */
-void plan_tiles(const Geom &g, uint64_t seq, int sm_count, TilePlan *tp, LaunchPlan *L)
+/* Rows of a block: the most rows of `per_row` threads that fit kRowThreads, balanced over the
+ * groups that `rows` then needs (returned through *groups). */
+uint32_t block_rows(uint32_t rows, uint32_t per_row, uint64_t *groups)
 {
-    tp->seq = seq;
-    const uint64_t units = (uint64_t)g.npu + g.nc, per_token = (uint64_t)g.rows * units;
-    /* With copy items, ~kBlockItems per block (rounded up); without, at most what one batch of
-     * every thread holds (rounded down), so each thread loads all its items before the barrier. */
-    const uint64_t batch_items = (uint64_t)kRotBatch<false> * kThreads;
-    uint64_t tile = g.nc ? ceil_div(kBlockItems, per_token) : batch_items / per_token;
-    /* One angle per thread at most (the kernel computes exactly one): half <= kSlicePairs <= kThreads. */
-    const uint64_t tile_max = kThreads / g.half;
-    tile = tile < 1 ? 1 : tile > tile_max ? tile_max : tile;
+    uint64_t by = kRowThreads / per_row;
+    by = by < 1 ? 1 : by > rows ? rows : by;
+    *groups = ceil_div(rows, by);
+    return (uint32_t)ceil_div(rows, *groups);
+}
+
+/* The prefill kernel's plan. Pair blocks: threads (pair unit, row, token lane), as many rows as
+ * fit kRowThreads, then token lanes to fill it; a tile is p_tz * kTB tokens (one batch of loads a
+ * thread), at most kTileAngles angles. Copy blocks: threads (copy unit, row, token lane) likewise,
+ * c_bx at most kRowThreads (wider rows loop over units), over the tile's tokens in batches of kTB.
+ * The block has the larger of the two thread counts. Both kinds read and write 16-byte units of
+ * consecutive memory across a warp (units of a row, then the next row). */
+void plan_rows(const Geom &g, uint64_t seq, RowsPlan *rp, LaunchPlan *L)
+{
+    uint64_t pg, cg = 0;
+    rp->seq = seq;
+    rp->p_by = block_rows(g.rows, g.npu, &pg);
+    uint64_t tz = kRowThreads / ((uint64_t)g.npu * rp->p_by);
+    tz = tz < 1 ? 1 : tz;
+    uint64_t tile = tz * kTB;
+    if (tile * g.half > kTileAngles)
+        tile = kTileAngles / g.half;
     tile = tile > seq ? seq : tile;
-    const uint64_t tiles = ceil_div(seq, tile);
-    uint64_t groups = ceil_div(tile * per_token, (uint64_t)1 << 30);
-    if (tiles < 2 * (uint64_t)sm_count) {
-        const uint64_t gmin = ceil_div(tile * per_token, kThreads);
-        groups = gmin > groups ? gmin : groups;
+    tz = ceil_div(tile, kTB);
+    rp->p_tz = (uint32_t)tz;
+    rp->tile = (uint32_t)tile;
+    const uint32_t threads_p = g.npu * rp->p_by * rp->p_tz;
+    uint32_t threads_c = 0;
+    rp->crow0 = g.copy0 ? 0 : g.nh0;
+    rp->crows = (g.copy0 ? g.nh0 : 0) + (g.copy1 ? g.rows - g.nh0 : 0);
+    if (g.nc > 0 && rp->crows > 0) {
+        rp->c_bx = g.nc < kRowThreads ? g.nc : kRowThreads;
+        rp->c_by = block_rows(rp->crows, rp->c_bx, &cg);
+        uint64_t cz = kRowThreads / ((uint64_t)rp->c_bx * rp->c_by);
+        cz = cz < 1 ? 1 : cz > tile ? tile : cz;
+        rp->c_tz = (uint32_t)cz;
+        threads_c = rp->c_bx * rp->c_by * rp->c_tz;
+    } else {
+        rp->c_bx = rp->c_by = rp->c_tz = 1;
     }
-    groups = groups > g.rows ? g.rows : groups;
-    tp->rows_per_group = (uint32_t)ceil_div(g.rows, groups);
-    tp->groups = (uint32_t)ceil_div(g.rows, tp->rows_per_group); /* no empty group */
-    tp->tile_tokens = (uint32_t)tile;
-    tp->n_blocks = tiles * tp->groups;
+    rp->pg = (uint32_t)pg;
+    rp->groups = (uint32_t)(pg + cg);
+    rp->n_blocks = ceil_div(seq, tile) * rp->groups;
     L->decode = false;
-    L->blocks = dim3((unsigned)tp->n_blocks, 1, 1);
-    if (tp->n_blocks > 0x7fffffffu) /* T near 2^32 with one token per tile */
-        L->blocks = dim3(1u << 30, (unsigned)ceil_div(tp->n_blocks, 1u << 30), 1);
-    L->threads = dim3(kThreads, 1, 1);
-    L->smem = (size_t)tp->tile_tokens * g.half * sizeof(float2);
+    L->blocks = dim3((unsigned)rp->n_blocks, 1, 1);
+    if (rp->n_blocks > 0x7fffffffu) /* T near 2^32 */
+        L->blocks = dim3(1u << 30, (unsigned)ceil_div(rp->n_blocks, 1u << 30), 1);
+    L->threads = dim3(threads_p > threads_c ? threads_p : threads_c, 1, 1);
+    L->smem = (size_t)tile * g.half * sizeof(float2);
 }
 
 } /* namespace */
@@ -988,7 +773,6 @@ lmk_status lmk_cuda_rope(lmk_stream *s, const void *args)
     lmk_status st = lmk_cuda_use(d->ordinal, "rope: cudaSetDevice");
     if (st != LMK_OK)
         return st;
-    const bool pdl = pdl_on(d->ordinal);
     bool il;
     const uint32_t ve = plan_units(a, &il), ppu = il ? ve / 2 : ve, half = a->rope_dim / 2;
     RopeParams p{};
@@ -1000,8 +784,8 @@ lmk_status lmk_cuda_rope(lmk_stream *s, const void *args)
         plan_angles(&a->angle, p0, &p.a);
         LaunchPlan L;
         if (!plan_decode(p.g, a->seq_len, d->sm_count, &L))
-            plan_tiles(p.g, a->seq_len, d->sm_count, &p.tp, &L);
-        L.pdl = pdl;
+            plan_rows(p.g, a->seq_len, &p.rp, &L);
+        L.pdl = d->pdl;
         const cudaError_t e = launch_dtype(a->dtype, ve, il, p, L, lmk_cuda_stream_of(s));
         if (e != cudaSuccess)
             st = lmk_cuda_fail(e, "rope: kernel launch");
@@ -1015,12 +799,5 @@ cudaError_t lmk_cuda_rope_preload(void)
     preload_dtype<LMK_F32>(&first);
     preload_dtype<LMK_BF16>(&first);
     preload_dtype<LMK_F16>(&first);
-    int ordinal = -1;
-    if (first == cudaSuccess) { /* cached now, so no launch (captured or not) makes the queries */
-        if (cudaGetDevice(&ordinal) == cudaSuccess)
-            (void)pdl_on(ordinal);
-        else
-            (void)cudaGetLastError();
-    }
     return first;
 }
