@@ -50,6 +50,11 @@
  * the device, in a function of their own. Blocks have 256 threads, 128 when the call's rows fill
  * at most two 256-thread blocks per SM (decode: more, smaller blocks spread a call over more SMs).
  *
+ * Launches use programmatic dependent launch where the device allows it (lmk_cuda_device.pdl,
+ * kernel_common.cuh): a launch may start while the previous kernel of the stream finishes, and
+ * pdl_enter waits for it before the kernel's first memory access (only parameter arithmetic runs
+ * early).
+ *
  * Everything travels by value in ApParams (no allocation, no copy, no sync: a call can be captured
  * into a CUDA graph). Offsets across rows are 64-bit; offsets within a row (head_dim, Dv <= 4096)
  * are 32-bit. Results depend on the inputs and on the shape and 16-byte alignment of the operands
@@ -641,6 +646,7 @@ __global__ void __launch_bounds__(kThreads, CHUNK ? 2 : 3) prologue_kernel(const
     const Kind &g = p.kind[kind == 2 ? 1 : 0];
     const unsigned char *in = row_in(p, kind, bk.t0 + tl, h);
     Raw<VE * ES> a[U], b[U];
+    pdl_enter(); /* everything above is parameter arithmetic; every memory access is below */
     if (live)
         load_items<ES, VE, U>(p, g, in, lane, L, a, b);
     fill_shared(p, bk, sh);
@@ -668,13 +674,13 @@ __global__ void __launch_bounds__(kThreads, CHUNK ? 2 : 3) prologue_kernel(const
 struct LaunchPlan {
     dim3 blocks, threads;
     size_t smem;
+    bool pdl; /* programmatic stream serialization (lmk_cuda_device.pdl; kernel_common.cuh) */
 };
 
 template <int DT, int VE, int U, bool CHUNK>
 cudaError_t launch(const ApParams &p, const LaunchPlan &L, cudaStream_t st)
 {
-    prologue_kernel<DT, VE, U, CHUNK><<<L.blocks, L.threads, L.smem, st>>>(p);
-    return cudaGetLastError();
+    return lmk_cuda_start(prologue_kernel<DT, VE, U, CHUNK>, p, L.blocks, L.threads, L.smem, st, L.pdl);
 }
 
 /* The instantiations: 16-byte units (U = 2) and one-element units of any alignment (U = 4), each
@@ -987,6 +993,7 @@ lmk_status lmk_cuda_attn_prologue(lmk_stream *s, const void *args)
     p.pl.seq = r->seq_len;
     LaunchPlan L;
     plan_launch(&p, d->sm_count, &L);
+    L.pdl = d->pdl;
     if (L.smem > (chunk ? kChunkSmem : 48 * 1024)) /* cannot happen for head_dim, Dv <= 4096 */
         return lmk_fail(LMK_ERR_UNSUPPORTED, "%s: %zu bytes of shared memory exceed the CUDA kernel's limit", op,
                         L.smem);
