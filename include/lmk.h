@@ -156,7 +156,11 @@ typedef struct lmk_buffer lmk_buffer;
 typedef struct lmk_stream lmk_stream;
 
 /* Opens device number `ordinal` of `backend`. AUTO opens CUDA device `ordinal` when this build has
- * CUDA and a GPU is usable, else the CPU. The CPU backend has one device, ordinal 0.
+ * CUDA and a GPU is usable, else the CPU. The CPU backend has one device, ordinal 0. On a GPU of
+ * compute capability 9.0 or later (with code built for it), kernels launch with programmatic
+ * dependent launch: an op's kernel may start while the previous kernel of the stream finishes, and
+ * waits for it to complete before it touches memory, so results and ordering are unchanged; the
+ * environment variable LMK_CUDA_PDL=0, read here, turns it off for the device.
  * Errors: INVALID_ARGUMENT (unknown backend, negative ordinal, out NULL); UNSUPPORTED (CUDA asked
  * for in a build without CUDA); NOT_FOUND (no such ordinal, or no usable GPU); DEVICE (the driver
  * failed); OUT_OF_MEMORY. */

@@ -19,6 +19,8 @@
 
 #include <cuda_runtime.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 lmk_status lmk_cuda_fail(cudaError_t e, const char *what)
 {
@@ -46,9 +48,12 @@ __global__ void pdl_probe_kernel() {}
  * lmk_cuda_start): the device is of compute capability 9 or later, and the code it runs comes from
  * compute_90 or later PTX, so it holds pdl_enter's wait (a build for sm_80 alone, JIT-compiled on
  * an H100, has none and must not start early). Asked once, at device open, outside any capture; a
- * failed query gives plain launches, which are always correct. */
+ * failed query gives plain launches, which are always correct. LMK_CUDA_PDL=0 turns it off. */
 static bool pdl_usable(int major)
 {
+    const char *env = getenv("LMK_CUDA_PDL"); /* "0": off (lmk.h, lmk_device_open) */
+    if (env && !strcmp(env, "0"))
+        return false;
     cudaFuncAttributes fa;
     if (cudaFuncGetAttributes(&fa, pdl_probe_kernel) != cudaSuccess) {
         (void)cudaGetLastError(); /* the failed query is no launch error: a later launch check must not see it */

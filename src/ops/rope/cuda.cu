@@ -136,14 +136,16 @@ struct AnglePlan {
 };
 
 /* The prefill kernel's blocks (plan_rows). A tile is `tile` tokens; its blocks are `pg` pair
- * groups (rows [g * p_by, (g + 1) * p_by) of the rows' pair units; a block's threads are (pair unit,
- * row, token lane) with npu x p_by x p_tz, each lane taking kTB tokens) and then `groups - pg` copy
- * groups (rows crow0 + [c * c_by, (c + 1) * c_by) of the copied rows; threads (copy unit, row,
- * token lane) with c_bx x c_by x c_tz, c_bx <= nc looping over the units). */
+ * blocks, then `groups - pg` copy blocks. Pair block g covers pair units [u * p_bx, u * p_bx + p_bx)
+ * of rows [r * p_by, r * p_by + p_by) (u = g % p_ug, r = g / p_ug): threads (unit, row, token lane),
+ * p_bx x p_by x p_tz, each lane taking tokens z, z + p_tz, ... of the tile (at most kTB); the block
+ * forms the angles of its own pairs only, at most one per thread. Copy block c covers copied rows
+ * crow0 + [c * c_by, c * c_by + c_by): threads (copy unit, row, token lane), c_bx x c_by x c_tz,
+ * c_bx <= nc looping over the units. */
 struct RowsPlan {
     uint64_t seq, n_blocks;          /* tokens; tiles * groups */
     uint32_t tile, groups, pg;
-    uint32_t p_by, p_tz;
+    uint32_t p_bx, p_ug, p_by, p_tz;
     uint32_t c_bx, c_by, c_tz, crow0, crows;
 };
 
@@ -328,10 +330,11 @@ __device__ __forceinline__ RowPtr row_ptr(const Geom &g, uint32_t r)
                   k ? g.out_tok1 : g.out_tok0};
 }
 
-/* A pair block: thread (x, y, z) = (pair unit, row group * p_by + y, token lane) loads its unit of
- * tokens z, z + p_tz, ... (kTB of them) while the block's angles are formed (one per thread, the
- * first issuing its loads before the data's), waits at the barrier and rotates. Threads past the
- * block's shape load nothing but still reach the barrier (they may form angles). */
+/* A pair block: thread (x, y, z) = (pair unit u0 + x, row r0 + y, token lane z) loads its unit of
+ * tokens z, z + p_tz, ... (at most kTB) while the block forms the (cos, sin) of its pairs at the
+ * tile's tokens (one angle per thread at most, its loads issued before the data's), waits at the
+ * barrier and rotates. Threads past the block's shape load nothing but still reach the barrier
+ * (they may form angles). */
 template <int DT, int VE, bool IL>
 __device__ __forceinline__ void pair_block(const RopeParams &p, uint64_t t0, uint32_t tt, uint32_t group,
                                            float2 *s_cs)
@@ -340,15 +343,17 @@ __device__ __forceinline__ void pair_block(const RopeParams &p, uint64_t t0, uin
     constexpr uint32_t PPU = IL ? VE / 2 : VE;
     const Geom &g = p.g;
     const RowsPlan &rp = p.rp;
-    const uint32_t tid = threadIdx.x, nthr = blockDim.x, n_ang = tt * g.half;
-    const uint32_t x = tid % g.npu, yz = tid / g.npu, y = yz % rp.p_by, z = yz / rp.p_by;
-    const uint32_t r = group * rp.p_by + y;
-    const bool live = z < rp.p_tz && r < g.rows;
-    const uint32_t a_tl = tid / g.half, a_i = tid - a_tl * g.half;
+    const uint32_t rg = group / rp.p_ug, u0 = (group - rg * rp.p_ug) * rp.p_bx;
+    const uint32_t nu = min(rp.p_bx, g.npu - u0), np = nu * PPU; /* units and pairs of the block */
+    const uint32_t tid = threadIdx.x, nthr = blockDim.x, n_ang = tt * np;
+    const uint32_t x = tid % rp.p_bx, yz = tid / rp.p_bx, y = yz % rp.p_by, z = yz / rp.p_by;
+    const uint32_t r = rg * rp.p_by + y;
+    const bool live = x < nu && z < rp.p_tz && r < g.rows;
+    const uint32_t a_tl = tid / np, a_i = u0 * PPU + (tid - a_tl * np);
     AngleIn ain{};
     if (tid < n_ang)
         ain = angle_begin(p.a, t0 + a_tl, a_i);
-    const uint32_t off = g.pair_b + x * g.ustep_b;
+    const uint32_t off = g.pair_b + (u0 + x) * g.ustep_b;
     RowPtr rr{};
     Raw<NB> va[kTB], vb[kTB];
     if (live) {
@@ -366,8 +371,8 @@ __device__ __forceinline__ void pair_block(const RopeParams &p, uint64_t t0, uin
     }
     if (tid < n_ang)
         s_cs[tid] = angle_end(p.a, a_i, ain);
-    for (uint32_t k = tid + nthr; k < n_ang; k += nthr) { /* more angles than threads (small rows) */
-        const uint32_t tl = k / g.half, i = k - tl * g.half;
+    for (uint32_t k = tid + nthr; k < n_ang; k += nthr) { /* only if the plan could not avoid it */
+        const uint32_t tl = k / np, i = u0 * PPU + (k - tl * np);
         s_cs[k] = angle_end(p.a, i, angle_begin(p.a, t0 + tl, i));
     }
     __syncthreads();
@@ -376,7 +381,7 @@ __device__ __forceinline__ void pair_block(const RopeParams &p, uint64_t t0, uin
         for (int b = 0; b < kTB; b++) {
             const uint32_t tl = z + b * rp.p_tz;
             if (tl < tt)
-                rotate_store<DT, VE, IL>(va[b], vb[b], s_cs + tl * g.half + x * PPU, rr.out + (t0 + tl) * rr.ot + off,
+                rotate_store<DT, VE, IL>(va[b], vb[b], s_cs + tl * np + x * PPU, rr.out + (t0 + tl) * rr.ot + off,
                                          g.stride_b);
         }
     }
@@ -717,27 +722,52 @@ uint32_t block_rows(uint32_t rows, uint32_t per_row, uint64_t *groups)
     return (uint32_t)ceil_div(rows, *groups);
 }
 
-/* The prefill kernel's plan. Pair blocks: threads (pair unit, row, token lane), as many rows as
- * fit kRowThreads, then token lanes to fill it; a tile is p_tz * kTB tokens (one batch of loads a
- * thread), at most kTileAngles angles. Copy blocks: threads (copy unit, row, token lane) likewise,
- * c_bx at most kRowThreads (wider rows loop over units), over the tile's tokens in batches of kTB.
- * The block has the larger of the two thread counts. Both kinds read and write 16-byte units of
- * consecutive memory across a warp (units of a row, then the next row). */
+/* The pair blocks: every row of a token in one block when its pair units fit (rows x npu <=
+ * kRowThreads), else the units split into groups of p_bx (each block then forms only its own pairs'
+ * angles: no angle is formed twice for a token), and rows split only when even one unit per row
+ * does not fit. Then token lanes fill the block, and the tile is the most tokens such that every
+ * lane has at most kTB of them and every thread at most one angle (the angle chain is the block's
+ * critical path: it runs while the loads are in flight, and a second angle would outlast them). */
+void plan_pairs(const Geom &g, uint64_t seq, RowsPlan *rp, uint64_t *pg)
+{
+    const uint32_t ppu = g.half / g.npu;
+    uint64_t bx = g.npu, ug = 1, rgs = 1;
+    if ((uint64_t)g.rows * g.npu > kRowThreads) {
+        bx = kRowThreads / g.rows;
+        bx = bx < 1 ? 1 : bx;
+        ug = ceil_div(g.npu, bx);
+        bx = ceil_div(g.npu, ug); /* balanced */
+    }
+    rp->p_bx = (uint32_t)bx;
+    rp->p_ug = (uint32_t)ug;
+    rp->p_by = block_rows(g.rows, rp->p_bx, &rgs);
+    const uint64_t per_lane = bx * rp->p_by, lanes = kRowThreads / per_lane < 1 ? 1 : kRowThreads / per_lane;
+    const uint64_t np = bx * ppu; /* pairs of a block */
+    uint64_t tile = lanes * kTB;
+    const uint64_t one_angle = lanes * per_lane / np; /* tokens whose angles fit one per thread */
+    tile = tile > one_angle ? one_angle : tile;
+    tile = tile < 1 ? 1 : tile > seq ? seq : tile;
+    if (tile * np > kTileAngles)
+        tile = kTileAngles / np;
+    /* lanes for the tile's tokens, and more (idle but for their angle) when the block's pairs
+     * outnumber the threads of a lane (K alone: 16 threads a lane, 32 pairs) */
+    uint64_t tz = ceil_div(tile * np, per_lane);
+    tz = tz < tile ? tile : tz;
+    rp->p_tz = (uint32_t)(tz < lanes ? tz : lanes);
+    rp->tile = (uint32_t)tile;
+    *pg = ug * rgs;
+}
+
+/* The prefill kernel's plan: pair blocks (plan_pairs), then copy blocks: threads (copy unit, row,
+ * token lane), c_bx at most kRowThreads (wider rows loop over units), over the tile's tokens in
+ * batches of kTB. The block has the larger of the two thread counts. Both kinds read and write
+ * units of consecutive memory across a warp (units of a row, then the next row). */
 void plan_rows(const Geom &g, uint64_t seq, RowsPlan *rp, LaunchPlan *L)
 {
     uint64_t pg, cg = 0;
     rp->seq = seq;
-    rp->p_by = block_rows(g.rows, g.npu, &pg);
-    uint64_t tz = kRowThreads / ((uint64_t)g.npu * rp->p_by);
-    tz = tz < 1 ? 1 : tz;
-    uint64_t tile = tz * kTB;
-    if (tile * g.half > kTileAngles)
-        tile = kTileAngles / g.half;
-    tile = tile > seq ? seq : tile;
-    tz = ceil_div(tile, kTB);
-    rp->p_tz = (uint32_t)tz;
-    rp->tile = (uint32_t)tile;
-    const uint32_t threads_p = g.npu * rp->p_by * rp->p_tz;
+    plan_pairs(g, seq, rp, &pg);
+    const uint32_t threads_p = rp->p_bx * rp->p_by * rp->p_tz;
     uint32_t threads_c = 0;
     rp->crow0 = g.copy0 ? 0 : g.nh0;
     rp->crows = (g.copy0 ? g.nh0 : 0) + (g.copy1 ? g.rows - g.nh0 : 0);
@@ -745,7 +775,7 @@ void plan_rows(const Geom &g, uint64_t seq, RowsPlan *rp, LaunchPlan *L)
         rp->c_bx = g.nc < kRowThreads ? g.nc : kRowThreads;
         rp->c_by = block_rows(rp->crows, rp->c_bx, &cg);
         uint64_t cz = kRowThreads / ((uint64_t)rp->c_bx * rp->c_by);
-        cz = cz < 1 ? 1 : cz > tile ? tile : cz;
+        cz = cz < 1 ? 1 : cz > rp->tile ? rp->tile : cz;
         rp->c_tz = (uint32_t)cz;
         threads_c = rp->c_bx * rp->c_by * rp->c_tz;
     } else {
@@ -753,13 +783,13 @@ void plan_rows(const Geom &g, uint64_t seq, RowsPlan *rp, LaunchPlan *L)
     }
     rp->pg = (uint32_t)pg;
     rp->groups = (uint32_t)(pg + cg);
-    rp->n_blocks = ceil_div(seq, tile) * rp->groups;
+    rp->n_blocks = ceil_div(seq, rp->tile) * rp->groups;
     L->decode = false;
     L->blocks = dim3((unsigned)rp->n_blocks, 1, 1);
     if (rp->n_blocks > 0x7fffffffu) /* T near 2^32 */
         L->blocks = dim3(1u << 30, (unsigned)ceil_div(rp->n_blocks, 1u << 30), 1);
     L->threads = dim3(threads_p > threads_c ? threads_p : threads_c, 1, 1);
-    L->smem = (size_t)tile * g.half * sizeof(float2);
+    L->smem = (size_t)rp->tile * rp->p_bx * (g.half / g.npu) * sizeof(float2);
 }
 
 } /* namespace */
