@@ -41,26 +41,33 @@
  * An angle's loads (position, freq_factor) are issued before the data's and its arithmetic runs
  * while they are in flight (angle_begin, angle_end).
  *
- * Two kernels, both reading the (cos, sin) of a block's (token, pair) angles from a shared-memory
- * table that the block computes once for all its rows of q and k:
- *   rope_rows_kernel (prefill, version 11): a thread keeps one (row, unit) for several tokens, so
- *     a token costs it one 64-bit multiply-add of the token stride, and no division runs per item
- *     (v10 spent two run-time divisions and four 64-bit products per item, twice: Nsight Compute
- *     showed it issue-bound, 43-47% more instructions than lmk 0.1's kernel). A tile of tokens
- *     has pair blocks (threads: pair unit x row x token lane; they form the tile's angles while
- *     their loads are in flight, then rotate) and copy blocks (threads: copy unit x row x token
- *     lane; no angles, no barrier), kTB tokens loaded before any is stored. plan_rows.
+ * Three kernels, all reading the (cos, sin) of a block's (token, pair) angles from a shared-memory
+ * table that the block computes once for all its rows of q and k (docs/cuda_notes.md has the
+ * measurements behind each choice):
+ *   rope_rows_kernel (prefill with copy items, version 11): a thread keeps one (row, unit) for
+ *     several tokens, so a token costs it one 64-bit multiply-add of the token stride, and no
+ *     division runs per item (v10 spent two run-time divisions and four 64-bit products per item,
+ *     twice: Nsight Compute showed it issue-bound, with 43-47% more instructions than lmk 0.1's
+ *     kernel). A tile of tokens has pair blocks (threads: pair unit x row x token lane; they form
+ *     the tile's angles while their loads are in flight, then rotate) and copy blocks (threads:
+ *     copy unit x row x token lane; no angles, no barrier), kTB tokens loaded before any is
+ *     stored. plan_rows.
+ *   rope_pairs_kernel (prefill without copy items: in place, or rope_dim == head_dim): version
+ *     10's kernel, items (token, row, unit) dealt to the threads kPairBatch at a time, unit fastest.
+ *     Whole rows per warp and one angle per (token, pair) per block; it stayed faster than the rows
+ *     kernel on Llama (NEOX 128/128: 0.92 against 0.75-0.87 of copy in f32) and in place. plan_pairs.
  *   rope_decode_kernel (small T): one token per block, whole rows per block, one item per thread
  *     (threadIdx.x is the item of the row, threadIdx.y the row) and at most one angle per thread,
- *     no loop, no run-time division. Chosen when its grid is at most 2 blocks per SM, where the
- *     prefill kernel cannot fill the GPU either. plan_decode.
- * On sm_90 and later both launch with programmatic dependent launch (kernel_common.cuh: pdl_enter,
+ *     no loop, no run-time division; the angle's factor is formed before the PDL wait. Chosen when
+ *     its grid is at most 2 blocks per SM, where the prefill kernels cannot fill the GPU either.
+ *     plan_decode.
+ * On sm_90 and later all launch with programmatic dependent launch (kernel_common.cuh: pdl_enter,
  * lmk_cuda_device.pdl): a launch may start while the previous kernel of the stream finishes and
  * waits for it before its first memory access (run 10: decode 2.1 -> 1.4 us per call in a graph).
  * Everything a launch needs travels by value in RopeParams (no allocation, no copy, no sync): a
  * call can be captured into a CUDA graph. lmk_cuda_rope plans in named steps: plan_units (VE and
  * layout), plan_geometry (rows, strides, untouched ranges), then per slice of pairs plan_slice,
- * plan_angles (the angle constants), and plan_decode or else plan_rows (the launch shape).
+ * plan_angles (the angle constants), and plan_decode, plan_rows or plan_pairs (the launch shape).
  *
  * Precision (lmk.h: f32 within 1e-5 * max(1, m) of float64 for |x| <= 2 and |angle| <= 2^20): the
  * angle is pos * freq in float64 and reduced by k*pi/2 in float64 (exact to ~1e-16 for |theta| <=
@@ -78,12 +85,20 @@
 
 namespace {
 
-/* The prefill kernel (rope_rows_kernel): threads a block has at most, the tokens a thread loads
- * before it stores any (kTB units of a copy item, 2 * kTB of a pair item: 64 or 128 bytes in
- * flight a thread), and the most (token, pair) angles a tile holds (16 KB of shared memory). */
+/* The prefill kernel with copy items (rope_rows_kernel): threads a block has at most, the tokens a
+ * thread loads before it stores any (kTB units of a copy item, 2 * kTB of a pair item: 64 or 128
+ * bytes in flight a thread), the angles a thread may form (kAngles: the block's critical path runs
+ * while the loads are in flight; a second angle pays where rows are few, K alone: run 12), and
+ * the most (token, pair) angles a tile holds (16 KB of shared memory). */
 constexpr uint32_t kRowThreads = 256;
 constexpr int kTB = 4;
+constexpr uint32_t kAngles = 2;
 constexpr uint32_t kTileAngles = 2048;
+/* The prefill kernel without copy items (rope_pairs_kernel: in place, or rope_dim == head_dim):
+ * threads of a block, and the pair items a thread loads before the barrier (128 bytes each with
+ * 16-byte units). */
+constexpr uint32_t kPairThreads = 256;
+constexpr int kPairBatch = 4;
 /* The small-T kernel: threads a block aims for (whole rows of one token, one item per thread) and
  * the most items per row it takes (one row per block at most); wider rows (head_dim >= 512 with
  * narrow units) go to the prefill kernel. */
@@ -96,7 +111,8 @@ constexpr uint64_t kDecNarrowRows = 64;
  * <= 256, every model we know, is one launch; beyond, one launch per slice of kSlicePairs pairs. A
  * multiple of 8: a slice holds whole units of up to 8 pairs. */
 constexpr uint32_t kSlicePairs = 128;
-static_assert(kSlicePairs % 8 == 0 && kSlicePairs <= kDecThreads, "a slice holds whole units; one angle per thread");
+static_assert(kSlicePairs % 8 == 0 && kSlicePairs <= kDecThreads && kSlicePairs <= kPairThreads,
+              "a slice holds whole units; one angle per thread");
 static_assert(kSlicePairs * kTB <= kTileAngles, "a tile holds at least kTB tokens");
 
 /* The rows and units of a launch (plan_geometry). Byte strides are 64-bit; offsets within a row
@@ -149,17 +165,28 @@ struct RowsPlan {
     uint32_t c_bx, c_by, c_tz, crow0, crows;
 };
 
+/* The blocks of the prefill kernel without copy items (plan_pairs_flat): a block is a tile of
+ * tile_tokens tokens and a group of rows; its items (token, row, unit), unit fastest, are dealt to
+ * the threads kPairBatch at a time. */
+struct PairsPlan {
+    uint64_t seq, n_blocks;          /* tokens; tiles * groups */
+    uint32_t tile_tokens;
+    uint32_t groups, rows_per_group;
+};
+
 /* Everything a launch needs, passed by value (kernel parameter space: no allocation, no copy). */
 struct RopeParams {
     Geom g;
     AnglePlan a;
     RowsPlan rp;
+    PairsPlan pp;
 };
 static_assert(sizeof(RopeParams) <= 4000, "kernel parameters must stay under the 4 KB limit");
 
 /* How a launch is shaped. */
+enum KernelKind { K_DECODE, K_ROWS, K_PAIRS };
 struct LaunchPlan {
-    bool decode;
+    KernelKind kind;
     bool pdl;                        /* programmatic stream serialization (lmk_cuda_device.pdl) */
     dim3 blocks, threads;
     size_t smem;
@@ -439,6 +466,103 @@ __global__ void __launch_bounds__(kRowThreads, 3) rope_rows_kernel(const __grid_
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * The prefill kernel without copy items (version 10's, kept for these launches: run 12).
+ * ------------------------------------------------------------------------------------------- */
+
+/* One batch of pair items of a thread: the loaded a and b units, and the item's row and (token of
+ * the tile, unit) from which pairs_store recomputes the output address and the table index
+ * (two 32-bit words instead of an output pointer and a table index keep the 16-byte kernels
+ * within 80 registers). tl < 256 and u < 128 (a tile holds at most kPairThreads angles, a slice at
+ * most kSlicePairs pairs), so both fit 16 bits. */
+template <int NB> struct PairBatch {
+    Raw<NB> a[kPairBatch], b[kPairBatch];
+    uint32_t r[kPairBatch];   /* row; ~0u: no item */
+    uint32_t key[kPairBatch]; /* tl << 16 | u */
+};
+
+/* Loads the pair items i, i + kPairThreads, ... of this block. An item is (token tl of the tile,
+ * row r_lo + rr, unit u of the slice), u fastest so a warp reads contiguous units. */
+template <int NB, bool IL>
+__device__ __forceinline__ void pairs_load(const Geom &g, PairBatch<NB> &bt, uint32_t i, uint32_t n_items,
+                                           uint32_t nr, uint64_t t0, uint32_t r_lo)
+{
+#pragma unroll
+    for (int k = 0; k < kPairBatch; k++) {
+        const uint32_t item = i + k * kPairThreads;
+        bt.r[k] = ~0u;
+        if (item < n_items) {
+            const uint32_t u = item % g.npu, rr = item / g.npu;
+            const uint32_t tl = rr / nr, r = r_lo + (rr - tl * nr);
+            const RowRef ref = row_ref(g, t0 + tl, r);
+            const uint32_t off = g.pair_b + u * g.ustep_b;
+            bt.a[k] = load<NB>(ref.in + off);
+            if constexpr (!IL)
+                bt.b[k] = load<NB>(ref.in + off + g.stride_b);
+            bt.r[k] = r;
+            bt.key[k] = tl << 16 | u;
+        }
+    }
+}
+
+template <int DT, int VE, bool IL>
+__device__ __forceinline__ void pairs_store(const Geom &g, const PairBatch<VE * Elem<DT>::size> &bt,
+                                            const float2 *s_cs, uint64_t t0)
+{
+    constexpr uint32_t PPU = IL ? VE / 2 : VE;
+#pragma unroll
+    for (int k = 0; k < kPairBatch; k++)
+        if (bt.r[k] != ~0u) {
+            const uint32_t tl = bt.key[k] >> 16, u = bt.key[k] & 0xffffu;
+            const RowRef ref = row_ref(g, t0 + tl, bt.r[k]);
+            rotate_store<DT, VE, IL>(bt.a[k], bt.b[k], s_cs + tl * g.half + u * PPU,
+                                     ref.out + g.pair_b + u * g.ustep_b, g.stride_b);
+        }
+}
+
+/* A block is one (tile, row group): the angles' loads are issued (one angle per thread at most:
+ * the host sizes the tile so), the first batch of items is loaded, the angles are finished into
+ * shared memory, the block syncs and rotates, loading further batches as it goes. At most 80
+ * registers, so 3 blocks of 256 threads fit an SM. */
+template <int DT, int VE, bool IL>
+__global__ void __launch_bounds__(kPairThreads, 3) rope_pairs_kernel(const __grid_constant__ RopeParams p)
+{
+    constexpr int NB = VE * Elem<DT>::size;
+    extern __shared__ __align__(16) float2 s_cs[];
+    const Geom &g = p.g;
+    const PairsPlan &pp = p.pp;
+    const uint64_t blk = (uint64_t)blockIdx.y * gridDim.x + blockIdx.x;
+    if (blk >= pp.n_blocks)
+        return;
+    const uint64_t tile = blk >> 32 ? blk / pp.groups : (uint32_t)blk / pp.groups; /* 32-bit divide if it fits */
+    const uint32_t group = (uint32_t)(blk - tile * pp.groups);
+    const uint64_t t0 = tile * pp.tile_tokens;
+    const uint32_t tt = (uint32_t)min((uint64_t)pp.tile_tokens, pp.seq - t0);
+    const uint32_t r_lo = group * pp.rows_per_group;
+    const uint32_t nr = min(pp.rows_per_group, g.rows - r_lo);
+    const uint32_t n_items = tt * nr * g.npu;
+    pdl_enter();
+
+    const bool angle = threadIdx.x < tt * g.half;
+    const uint32_t a_tl = threadIdx.x / g.half, a_i = threadIdx.x - a_tl * g.half;
+    AngleIn ain{};
+    if (angle)
+        ain = angle_begin(p.a, t0 + a_tl, a_i);
+    PairBatch<NB> bt;
+    uint32_t i = threadIdx.x;
+    pairs_load<NB, IL>(g, bt, i, n_items, nr, t0, r_lo);
+    if (angle)
+        s_cs[threadIdx.x] = angle_end(p.a, a_i, ain);
+    __syncthreads();
+    for (;;) {
+        pairs_store<DT, VE, IL>(g, bt, s_cs, t0);
+        i += kPairBatch * kPairThreads;
+        if (i >= n_items)
+            break;
+        pairs_load<NB, IL>(g, bt, i, n_items, nr, t0, r_lo);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
  * The small-T (decode) kernel.
  * ------------------------------------------------------------------------------------------- */
 
@@ -504,9 +628,9 @@ template <int DT, int VE, bool IL>
 cudaError_t launch(const RopeParams &p, const LaunchPlan &L, cudaStream_t st)
 {
     const bool copy = p.g.nc > 0;
-    if (L.decode)
+    if (L.kind == K_DECODE)
         return start(copy ? rope_decode_kernel<DT, VE, IL, true> : rope_decode_kernel<DT, VE, IL, false>, p, L, st);
-    return start(rope_rows_kernel<DT, VE, IL>, p, L, st);
+    return start(L.kind == K_ROWS ? rope_rows_kernel<DT, VE, IL> : rope_pairs_kernel<DT, VE, IL>, p, L, st);
 }
 
 /* IL exists only for units of two or more elements (plan_units never asks for it otherwise). */
@@ -546,6 +670,8 @@ template <int DT, int VE, bool IL> void preload_layout(cudaError_t *first)
 {
     cudaFuncAttributes attr;
     cudaError_t e = cudaFuncGetAttributes(&attr, rope_rows_kernel<DT, VE, IL>);
+    if (e == cudaSuccess)
+        e = cudaFuncGetAttributes(&attr, rope_pairs_kernel<DT, VE, IL>);
     if (e == cudaSuccess)
         e = cudaFuncGetAttributes(&attr, rope_decode_kernel<DT, VE, IL, true>);
     if (e == cudaSuccess)
@@ -705,7 +831,7 @@ bool plan_decode(const Geom &g, uint64_t seq, int sm_count, LaunchPlan *L)
      * threads. At most ceil(half / ipr) rows of fewer than half items: under 2 * kSlicePairs threads. */
     const uint64_t rpb_angles = ceil_div(g.half, ipr);
     rpb = rpb < rpb_angles ? rpb_angles : rpb;
-    L->decode = true;
+    L->kind = K_DECODE;
     L->blocks = dim3((unsigned)seq, (unsigned)groups, 1);
     L->threads = dim3((unsigned)ipr, (unsigned)rpb, 1);
     L->smem = (size_t)g.half * sizeof(float2);
@@ -722,13 +848,12 @@ uint32_t block_rows(uint32_t rows, uint32_t per_row, uint64_t *groups)
     return (uint32_t)ceil_div(rows, *groups);
 }
 
-/* The pair blocks: every row of a token in one block when its pair units fit (rows x npu <=
- * kRowThreads), else the units split into groups of p_bx (each block then forms only its own pairs'
- * angles: no angle is formed twice for a token), and rows split only when even one unit per row
- * does not fit. Then token lanes fill the block, and the tile is the most tokens such that every
- * lane has at most kTB of them and every thread at most one angle (the angle chain is the block's
- * critical path: it runs while the loads are in flight, and a second angle would outlast them). */
-void plan_pairs(const Geom &g, uint64_t seq, RowsPlan *rp, uint64_t *pg)
+/* The pair blocks of rope_rows_kernel: every row of a token in one block when its pair units fit
+ * (rows x npu <= kRowThreads), else the units split into groups of p_bx (each block then forms
+ * only its own pairs' angles: none is formed twice for a token), and rows split only when even
+ * one unit per row does not fit. Then token lanes fill the block, and the tile is the most tokens
+ * such that every lane has at most kTB of them and every thread at most kAngles angles. */
+void plan_row_pairs(const Geom &g, uint64_t seq, RowsPlan *rp, uint64_t *pg)
 {
     const uint32_t ppu = g.half / g.npu;
     uint64_t bx = g.npu, ug = 1, rgs = 1;
@@ -744,52 +869,79 @@ void plan_pairs(const Geom &g, uint64_t seq, RowsPlan *rp, uint64_t *pg)
     const uint64_t per_lane = bx * rp->p_by, lanes = kRowThreads / per_lane < 1 ? 1 : kRowThreads / per_lane;
     const uint64_t np = bx * ppu; /* pairs of a block */
     uint64_t tile = lanes * kTB;
-    const uint64_t one_angle = lanes * per_lane / np; /* tokens whose angles fit one per thread */
-    tile = tile > one_angle ? one_angle : tile;
+    const uint64_t angle_cap = lanes * per_lane * kAngles / np;
+    tile = tile > angle_cap ? angle_cap : tile;
     tile = tile < 1 ? 1 : tile > seq ? seq : tile;
     if (tile * np > kTileAngles)
         tile = kTileAngles / np;
-    /* lanes for the tile's tokens, and more (idle but for their angle) when the block's pairs
-     * outnumber the threads of a lane (K alone: 16 threads a lane, 32 pairs) */
-    uint64_t tz = ceil_div(tile * np, per_lane);
-    tz = tz < tile ? tile : tz;
+    /* lanes for the tile's tokens, and more (idle but for their angles) when the block's angles
+     * would otherwise exceed kAngles a thread (K alone: 16 threads a lane, 32 pairs) */
+    uint64_t tz = ceil_div(tile * np, per_lane * kAngles);
+    tz = tz < ceil_div(tile, kTB) ? ceil_div(tile, kTB) : tz;
     rp->p_tz = (uint32_t)(tz < lanes ? tz : lanes);
     rp->tile = (uint32_t)tile;
     *pg = ug * rgs;
 }
 
-/* The prefill kernel's plan: pair blocks (plan_pairs), then copy blocks: threads (copy unit, row,
- * token lane), c_bx at most kRowThreads (wider rows loop over units), over the tile's tokens in
- * batches of kTB. The block has the larger of the two thread counts. Both kinds read and write
+/* The plan of rope_rows_kernel: pair blocks (plan_row_pairs), then copy blocks: threads (copy unit,
+ * row, token lane), c_bx at most kRowThreads (wider rows loop over units), over the tile's tokens
+ * in batches of kTB. The block has the larger of the two thread counts. Both kinds read and write
  * units of consecutive memory across a warp (units of a row, then the next row). */
 void plan_rows(const Geom &g, uint64_t seq, RowsPlan *rp, LaunchPlan *L)
 {
     uint64_t pg, cg = 0;
     rp->seq = seq;
-    plan_pairs(g, seq, rp, &pg);
+    plan_row_pairs(g, seq, rp, &pg);
     const uint32_t threads_p = rp->p_bx * rp->p_by * rp->p_tz;
     uint32_t threads_c = 0;
     rp->crow0 = g.copy0 ? 0 : g.nh0;
     rp->crows = (g.copy0 ? g.nh0 : 0) + (g.copy1 ? g.rows - g.nh0 : 0);
-    if (g.nc > 0 && rp->crows > 0) {
-        rp->c_bx = g.nc < kRowThreads ? g.nc : kRowThreads;
-        rp->c_by = block_rows(rp->crows, rp->c_bx, &cg);
-        uint64_t cz = kRowThreads / ((uint64_t)rp->c_bx * rp->c_by);
-        cz = cz < 1 ? 1 : cz > rp->tile ? rp->tile : cz;
-        rp->c_tz = (uint32_t)cz;
-        threads_c = rp->c_bx * rp->c_by * rp->c_tz;
-    } else {
-        rp->c_bx = rp->c_by = rp->c_tz = 1;
-    }
+    rp->c_bx = g.nc < kRowThreads ? g.nc : kRowThreads;
+    rp->c_by = block_rows(rp->crows, rp->c_bx, &cg);
+    uint64_t cz = kRowThreads / ((uint64_t)rp->c_bx * rp->c_by);
+    cz = cz < 1 ? 1 : cz > rp->tile ? rp->tile : cz;
+    rp->c_tz = (uint32_t)cz;
+    threads_c = rp->c_bx * rp->c_by * rp->c_tz;
     rp->pg = (uint32_t)pg;
     rp->groups = (uint32_t)(pg + cg);
     rp->n_blocks = ceil_div(seq, rp->tile) * rp->groups;
-    L->decode = false;
+    L->kind = K_ROWS;
     L->blocks = dim3((unsigned)rp->n_blocks, 1, 1);
     if (rp->n_blocks > 0x7fffffffu) /* T near 2^32 */
         L->blocks = dim3(1u << 30, (unsigned)ceil_div(rp->n_blocks, 1u << 30), 1);
     L->threads = dim3(threads_p > threads_c ? threads_p : threads_c, 1, 1);
     L->smem = (size_t)rp->tile * rp->p_bx * (g.half / g.npu) * sizeof(float2);
+}
+
+/* The plan of rope_pairs_kernel (launches without copy items). A block's items are tile_tokens *
+ * rows_per_group * units: at most what one batch of every thread holds, so each thread loads all
+ * its items before the barrier, and one angle per thread. Groups > 1 only when the tiles alone
+ * cannot occupy the GPU (then ~one item per thread) or a block would hold 2^30 items. */
+void plan_pairs(const Geom &g, uint64_t seq, int sm_count, PairsPlan *pp, LaunchPlan *L)
+{
+    pp->seq = seq;
+    const uint64_t per_token = (uint64_t)g.rows * g.npu;
+    uint64_t tile = (uint64_t)kPairBatch * kPairThreads / per_token;
+    const uint64_t tile_max = kPairThreads / g.half;
+    tile = tile < 1 ? 1 : tile > tile_max ? tile_max : tile;
+    tile = tile > seq ? seq : tile;
+    const uint64_t tiles = ceil_div(seq, tile);
+    uint64_t groups = ceil_div(tile * per_token, (uint64_t)1 << 30);
+    if (tiles < 2 * (uint64_t)sm_count) {
+        const uint64_t gmin = ceil_div(tile * per_token, kPairThreads);
+        groups = gmin > groups ? gmin : groups;
+    }
+    groups = groups > g.rows ? g.rows : groups;
+    pp->rows_per_group = (uint32_t)ceil_div(g.rows, groups);
+    pp->groups = (uint32_t)ceil_div(g.rows, pp->rows_per_group); /* no empty group */
+    pp->tile_tokens = (uint32_t)tile;
+    pp->n_blocks = tiles * pp->groups;
+    L->kind = K_PAIRS;
+    L->blocks = dim3((unsigned)pp->n_blocks, 1, 1);
+    if (pp->n_blocks > 0x7fffffffu) /* T near 2^32 with one token per tile */
+        L->blocks = dim3(1u << 30, (unsigned)ceil_div(pp->n_blocks, 1u << 30), 1);
+    L->threads = dim3(kPairThreads, 1, 1);
+    L->smem = (size_t)pp->tile_tokens * g.half * sizeof(float2);
 }
 
 } /* namespace */
@@ -813,8 +965,12 @@ lmk_status lmk_cuda_rope(lmk_stream *s, const void *args)
         plan_slice(&p.g, p0, n, ppu, nc_row);
         plan_angles(&a->angle, p0, &p.a);
         LaunchPlan L;
-        if (!plan_decode(p.g, a->seq_len, d->sm_count, &L))
+        if (plan_decode(p.g, a->seq_len, d->sm_count, &L))
+            ;
+        else if (p.g.nc > 0)
             plan_rows(p.g, a->seq_len, &p.rp, &L);
+        else
+            plan_pairs(p.g, a->seq_len, d->sm_count, &p.pp, &L);
         L.pdl = d->pdl;
         const cudaError_t e = launch_dtype(a->dtype, ve, il, p, L, lmk_cuda_stream_of(s));
         if (e != cudaSuccess)
