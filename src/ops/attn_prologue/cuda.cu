@@ -38,28 +38,26 @@
  * an f8 cache are separate code, chosen once per row.
  *
  * Blocks. A block takes a tile of tokens and a group of rows of each (q rows, then k, then v), one
- * row per team (plan_launch). The block fills shared memory with what its rows share: the (cos,
- * sin) of each (token, pair) of the tile (one angle per thread), the norm weights as f32 (w +
- * weight_offset) of the kinds among its rows that have a norm, the tile's slots; a thread issues
- * every load first (its angle's position and freq_factor, its items, its weights, its slot) and
- * only then does the angle arithmetic and the shared stores (fill_tables: one memory round trip
- * before the barrier); one barrier; then the team's sum of squares, the outputs. Angles: the host
- * tabulates each pair's position axis and angle factor (rope_common.h's lmk_rope_axis_j and
- * lmk_rope_freq with ff = 1, float64) and passes the table in the kernel parameters (rope's v8
- * scheme); the device divides by freq_factors[p] (device memory), multiplies by the position
- * (float64), reduces by k*pi/2 in float64 and evaluates sin and cos of the f32 remainder by
- * polynomials (rope_cs, kernel_common.cuh's, the one rope's kernels use). Pairs past the table's
- * 128 (rope_dim > 256, no real model) take rope_common.h's rules on the device, in a function of
- * their own. Blocks have 256 threads, 128 when the call's rows fill at most two 256-thread blocks
- * per SM (more, smaller blocks spread a call over more SMs).
+ * row per team (plan_launch). Each lane first issues the loads of its items; then the block fills
+ * shared memory with what its rows share: the (cos, sin) of each (token, pair) of the tile (one
+ * angle per thread), the norm weights as f32 (w + weight_offset), the tile's slots; one barrier;
+ * then the team's sum of squares, the outputs. Angles: the host tabulates each pair's position axis
+ * and angle factor (rope_common.h's lmk_rope_axis_j and lmk_rope_freq with ff = 1, float64) and
+ * passes the table in the kernel parameters (rope's v8 scheme); the device divides by
+ * freq_factors[p] (device memory), multiplies by the position (float64), reduces by k*pi/2 in
+ * float64 and evaluates sin and cos of the f32 remainder by polynomials (rope_cs, kernel_common.cuh's,
+ * the one rope's kernels use). Pairs past the table's 128 (rope_dim > 256, no real model) take rope_common.h's rules on
+ * the device, in a function of their own. Blocks have 256 threads, 128 when the call's rows fill
+ * at most two 256-thread blocks per SM (more, smaller blocks spread a call over more SMs).
  *
  * Decode (plan_decode, the DEC instantiations): when a call with 16-byte units is small (its threads
  * at one item per lane fill at most 2 x 256 per SM; Qwen3-8B T <= 176) and a row fits one pass of
  * one item per lane, a block is one token (grid x) and a few of its rows (grid y), 32 threads unless
  * the token's angles need more (at most 2 a thread): Qwen3-8B T=1 runs as 12 blocks of 4 rows of 8
- * lanes, each thread with up to 2 angles and 8 weights in its first batch of loads. After the
- * barrier the code is the general kernel's; so are the bits (the team's butterfly starts at the
- * largest offset, which adds what a lane of two items added first).
+ * lanes. Before the barrier a thread issues every load first (its angles' positions and
+ * freq_factors, its item, up to 8 weights of the kinds among the block's rows that have a norm, the
+ * slot) and only then does the angle arithmetic (fill_decode): one memory round trip, where the
+ * general block's loop took one per weight. After the barrier the code is the general kernel's.
  *
  * Launches use programmatic dependent launch where the device allows it (lmk_cuda_device.pdl,
  * kernel_common.cuh): a launch may start while the previous kernel of the stream finishes, and
@@ -641,63 +639,84 @@ __device__ __forceinline__ float weight_at(const ApParams &p, uint32_t j)
     return widen_any(k ? p.k_w_dt : p.q_w_dt, k ? p.k_w : p.q_w, k ? j - p.D : j) + p.w_off;
 }
 
-/* The block's shared tables: the (cos, sin) of each (token of the tile, pair) if the block has q
- * or k rows, the weights (w + weight_offset) of the kinds among its rows that have a norm, the
- * tile's slots. Every load is issued first (the positions and freq_factors of a thread's first NA
- * angles, the row's items, a thread's first NW weights, its slot), then the angle arithmetic runs
- * while they fly, then the stores to shared memory; angles and weights past NA and NW a thread, and
- * pairs past the host's table, are done after, one at a time. DEC: the tile is one token (no
- * division). */
-template <int ES, int VE, int U, int NA, int NW, bool DEC>
-__device__ __forceinline__ void fill_tables(const ApParams &p, const Block &bk, const Shared &sh, bool live,
+/* Fills shared memory for the block's rows: angles (when it has q or k rows), weights, slots. */
+__device__ void fill_shared(const ApParams &p, const Block &bk, const Shared &sh)
+{
+    if (bk.r_lo >= p.hq + p.hk)
+        return; /* v rows only: no angle, no weight; their slots below */
+    const uint32_t n = bk.tt * p.half;
+    for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) {
+        const uint32_t tl = j / p.half;
+        sh.cs[j] = angle_cs(p.a, bk.t0 + tl, j - tl * p.half);
+    }
+    if (p.q_w || p.k_w)
+        for (uint32_t j = threadIdx.x; j < 2 * p.D; j += blockDim.x)
+            if (j >= p.D ? p.k_w != nullptr : p.q_w != nullptr)
+                sh.w[j] = weight_at(p, j);
+}
+
+__device__ __forceinline__ void fill_slots(const ApParams &p, const Block &bk, const Shared &sh)
+{
+    if (p.slots)
+        for (uint32_t j = threadIdx.x; j < bk.tt; j += blockDim.x)
+            sh.slot[j] = p.slot_i64 ? reinterpret_cast<const int64_t *>(p.slots)[bk.t0 + j]
+                                    : (int64_t)reinterpret_cast<const int32_t *>(p.slots)[bk.t0 + j];
+}
+
+/* The decode block's shared tables (one token, a few rows): the (cos, sin) of the token's pairs if
+ * the block has q or k rows, the weights of the kinds among its rows that have a norm, the slot.
+ * Every load is issued first (the angles' positions and freq_factors, the row's items, up to kDecW
+ * weights a thread, the slot), then the angle arithmetic runs while they fly, then the stores to
+ * shared memory; what does not fit that (more than kDecAngles angles or kDecW weights a thread, pairs
+ * past the host's table) is done after, one at a time. The values are fill_shared's, bit for bit. */
+template <int ES, int VE, int U>
+__device__ __forceinline__ void fill_decode(const ApParams &p, const Block &bk, const Shared &sh, bool live,
                                             const Kind &g, const unsigned char *in, uint32_t lane, uint32_t L,
                                             Raw<VE * ES> (&a)[U], Raw<VE * ES> (&b)[U])
 {
     const uint32_t tid = threadIdx.x, nthr = blockDim.x, qk = p.hq + p.hk, r_hi = bk.r_lo + bk.nr;
-    const uint32_t n = bk.r_lo < qk ? (DEC ? p.half : bk.tt * p.half) : 0; /* v rows only: no angle */
-    AngleIn ain[NA] = {};
+    const uint32_t half = bk.r_lo < qk ? p.half : 0; /* v rows only: no angle */
+    AngleIn ain[kDecAngles] = {};
 #pragma unroll
-    for (int k = 0; k < NA; k++) {
-        const uint32_t j = tid + k * nthr, tl = DEC ? 0 : j / p.half, i = j - tl * p.half;
-        if (j < n && i < kTabPairs)
-            ain[k] = angle_begin(p.a, bk.t0 + tl, i, p.a.axis[i]);
+    for (int k = 0; k < kDecAngles; k++) {
+        const uint32_t i = tid + k * nthr;
+        if (i < half && i < kTabPairs)
+            ain[k] = angle_begin(p.a, bk.t0, i, p.a.axis[i]);
     }
     if (live)
         load_items<ES, VE, U>(p, g, in, lane, L, a, b);
-    /* the weights of [w_lo, w_hi): q's when the block has a q row and q a norm, k's likewise */
+    /* the weights of [w_lo, w_hi): q's when the block has a normed q row, k's likewise */
     const bool wq = p.q_w && bk.r_lo < p.hq, wk = p.k_w && bk.r_lo < qk && r_hi > p.hq;
     const uint32_t w_lo = wq ? 0 : p.D, w_hi = wk ? 2 * p.D : wq ? p.D : 0;
-    float wv[NW] = {};
+    float wv[kDecW] = {};
 #pragma unroll
-    for (int k = 0; k < NW; k++) {
+    for (int k = 0; k < kDecW; k++) {
         const uint32_t j = w_lo + tid + k * nthr;
         if (j < w_hi)
             wv[k] = weight_at(p, j);
     }
-    int64_t slot = 0; /* a block has at least as many threads as tokens (plan_launch, plan_decode) */
-    if (p.slots && tid < bk.tt)
-        slot = p.slot_i64 ? reinterpret_cast<const int64_t *>(p.slots)[bk.t0 + tid]
-                          : (int64_t)reinterpret_cast<const int32_t *>(p.slots)[bk.t0 + tid];
+    int64_t slot = 0;
+    if (p.slots && tid == 0)
+        slot = p.slot_i64 ? reinterpret_cast<const int64_t *>(p.slots)[bk.t0]
+                          : (int64_t)reinterpret_cast<const int32_t *>(p.slots)[bk.t0];
 #pragma unroll
-    for (int k = 0; k < NA; k++) {
-        const uint32_t j = tid + k * nthr, tl = DEC ? 0 : j / p.half, i = j - tl * p.half;
-        if (j < n)
-            sh.cs[j] = i < kTabPairs ? angle_end(p.a, p.a.freq[i], ain[k]) : angle_cs(p.a, bk.t0 + tl, i);
+    for (int k = 0; k < kDecAngles; k++) {
+        const uint32_t i = tid + k * nthr;
+        if (i < half)
+            sh.cs[i] = i < kTabPairs ? angle_end(p.a, p.a.freq[i], ain[k]) : angle_cs(p.a, bk.t0, i);
     }
-    for (uint32_t j = tid + NA * nthr; j < n; j += nthr) {
-        const uint32_t tl = DEC ? 0 : j / p.half;
-        sh.cs[j] = angle_cs(p.a, bk.t0 + tl, j - tl * p.half);
-    }
+    for (uint32_t i = tid + kDecAngles * nthr; i < half; i += nthr)
+        sh.cs[i] = angle_cs(p.a, bk.t0, i);
 #pragma unroll
-    for (int k = 0; k < NW; k++) {
+    for (int k = 0; k < kDecW; k++) {
         const uint32_t j = w_lo + tid + k * nthr;
         if (j < w_hi)
             sh.w[j] = wv[k];
     }
-    for (uint32_t j = w_lo + tid + NW * nthr; j < w_hi; j += nthr)
+    for (uint32_t j = w_lo + tid + kDecW * nthr; j < w_hi; j += nthr)
         sh.w[j] = weight_at(p, j);
-    if (p.slots && tid < bk.tt)
-        sh.slot[tid] = slot;
+    if (p.slots && tid == 0)
+        sh.slot[0] = slot;
 }
 
 /* The kernel. A block is (tile, group) of the plan, one task (row) per team: team j takes task j.
@@ -705,7 +724,7 @@ __device__ __forceinline__ void fill_tables(const ApParams &p, const Block &bk, 
  * flight (the angle math and the weight and slot loads overlap a memory round trip), one barrier;
  * then the team's sum of squares (every lane of the warp shuffles, rows without a norm with 0: the
  * shuffles stay converged), and the outputs. DEC (plan_decode): the block is token blockIdx.x and
- * row group blockIdx.y (no division). */
+ * row group blockIdx.y (no division), and fill_decode issues every load before any arithmetic. */
 template <int DT, int VE, int U, bool CHUNK, bool DEC>
 __global__ void __launch_bounds__(kThreads, CHUNK ? 2 : 3) prologue_kernel(const __grid_constant__ ApParams p)
 {
@@ -744,7 +763,14 @@ __global__ void __launch_bounds__(kThreads, CHUNK ? 2 : 3) prologue_kernel(const
     const unsigned char *in = row_in(p, kind, bk.t0 + tl, h);
     Raw<VE * ES> a[U], b[U];
     pdl_enter(); /* everything above is parameter arithmetic; every memory access is below */
-    fill_tables<ES, VE, U, DEC ? kDecAngles : 1, DEC ? kDecW : 2, DEC>(p, bk, sh, live, g, in, lane, L, a, b);
+    if constexpr (DEC) {
+        fill_decode<ES, VE, U>(p, bk, sh, live, g, in, lane, L, a, b);
+    } else {
+        if (live)
+            load_items<ES, VE, U>(p, g, in, lane, L, a, b);
+        fill_shared(p, bk, sh);
+        fill_slots(p, bk, sh);
+    }
     __syncthreads();
     const bool norm = live && (kind == 0 ? p.q_w != nullptr : kind == 1 && p.k_w != nullptr);
     float ss = 0.0f;
