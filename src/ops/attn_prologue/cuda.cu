@@ -48,16 +48,7 @@
  * float64 and evaluates sin and cos of the f32 remainder by polynomials (rope_cs, kernel_common.cuh's,
  * the one rope's kernels use). Pairs past the table's 128 (rope_dim > 256, no real model) take rope_common.h's rules on
  * the device, in a function of their own. Blocks have 256 threads, 128 when the call's rows fill
- * at most two 256-thread blocks per SM (more, smaller blocks spread a call over more SMs).
- *
- * Decode (plan_decode, the DEC instantiations): when a call with 16-byte units is small (its threads
- * at one item per lane fill at most 2 x 256 per SM; Qwen3-8B T <= 176) and a row fits one pass of
- * one item per lane, a block is one token (grid x) and a few of its rows (grid y), 32 threads unless
- * the token's angles need more (at most 2 a thread): Qwen3-8B T=1 runs as 12 blocks of 4 rows of 8
- * lanes. Before the barrier a thread issues every load first (its angles' positions and
- * freq_factors, its item, up to 8 weights of the kinds among the block's rows that have a norm, the
- * slot) and only then does the angle arithmetic (fill_decode): one memory round trip, where the
- * general block's loop took one per weight. After the barrier the code is the general kernel's.
+ * at most two 256-thread blocks per SM (decode: more, smaller blocks spread a call over more SMs).
  *
  * Launches use programmatic dependent launch where the device allows it (lmk_cuda_device.pdl,
  * kernel_common.cuh): a launch may start while the previous kernel of the stream finishes, and
@@ -92,17 +83,6 @@ constexpr int kSpreadThreads = 128;    /* threads of a block when rows are sprea
  * the 80 of 3 blocks per SM; with one, the per-row work (task, destinations, norm) was spread over
  * half as many elements. */
 template <int NB> constexpr int kItems = NB == 16 ? 2 : 4;
-/* The decode kernel (plan_decode; small T, 16-byte units): one item per lane (a Qwen3-8B row is 8
- * lanes of 32 bytes, half the per-lane chain of U = 2), blocks of kDecThreads threads (more when a
- * token has more than 2 * kDecThreads pairs) holding whole rows of one token, so a call spreads over
- * ~rows / 4 SMs; a thread forms up to kDecAngles angles and loads up to kDecW weights with every
- * load issued before the arithmetic (more go one at a time). Used while the call's threads fill at
- * most kDecFill threads per SM (T <= 176 for Qwen3-8B). */
-constexpr int kDecItems = 1;
-constexpr uint32_t kDecThreads = 32;
-constexpr int kDecAngles = 2;
-constexpr int kDecW = 8;
-constexpr uint64_t kDecFill = 2 * kThreads;
 constexpr uint32_t kMaxDim = 4096;     /* largest head_dim and Dv */
 constexpr size_t kChunkSmem = 64 * 1024; /* shared memory a CHUNK kernel may take (preload_one) */
 constexpr uint32_t kTabPairs = 128;    /* pairs whose angle factor the host tabulates */
@@ -286,35 +266,7 @@ __device__ __noinline__ double far_freq(const AnglePlan &a, uint32_t i, uint32_t
     return lmk_rope_freq(a.freq_base, a.exp_n, a.freq_scale, a.ext_factor, a.ramp_low, a.ramp_high, i, j, 1.0);
 }
 
-/* An angle in two halves (rope's angle_begin / angle_end), so that its loads can be issued before
- * the data's and its arithmetic run while they are in flight: angle_begin loads the position of the
- * pair's axis at token t (lmk_rope_pos's rule) and its freq_factor; angle_end divides the factor by
- * it (freq_factors, device memory), multiplies by the position in float64 and returns (cos, sin)
- * times m. Only the loaded values live in between (3 registers). */
-struct AngleIn {
-    int64_t pos;
-    float ff;
-};
-
-__device__ __forceinline__ AngleIn angle_begin(const AnglePlan &a, uint64_t t, uint32_t i, uint32_t axis)
-{
-    const uint64_t at = (uint64_t)axis * a.pos_axis_stride + t;
-    AngleIn in;
-    in.pos = a.pos_dtype == LMK_I64 ? (int64_t)__ldg(reinterpret_cast<const long long *>(a.pos) + at)
-                                    : (int64_t)__ldg(reinterpret_cast<const int *>(a.pos) + at);
-    in.ff = a.ff ? __ldg(a.ff + i) : 1.0f;
-    return in;
-}
-
-__device__ __forceinline__ float2 angle_end(const AnglePlan &a, double freq, const AngleIn &in)
-{
-    if (a.ff)
-        freq = freq / (double)in.ff;
-    const float2 cs = rope_cs((double)in.pos * freq);
-    return make_float2(cs.x * a.mscale, cs.y * a.mscale);
-}
-
-/* The (cos, sin) of pair i at token t, times m (as rope's v8 angle_cs), in one go. */
+/* The (cos, sin) of pair i at token t, times m (as rope's v8 angle_cs). */
 __device__ __forceinline__ float2 angle_cs(const AnglePlan &a, uint64_t t, uint32_t i)
 {
     double freq;
@@ -323,7 +275,11 @@ __device__ __forceinline__ float2 angle_cs(const AnglePlan &a, uint64_t t, uint3
         freq = a.freq[i], axis = a.axis[i];
     else
         freq = far_freq(a, i, &axis);
-    return angle_end(a, freq, angle_begin(a, t, i, axis));
+    if (a.ff)
+        freq = freq / (double)__ldg(a.ff + i);
+    const double pos = lmk_rope_pos(a.pos, a.pos_dtype, (uint64_t)axis * a.pos_axis_stride + t);
+    const float2 cs = rope_cs(pos * freq);
+    return make_float2(cs.x * a.mscale, cs.y * a.mscale);
 }
 
 /* Two weights (w + weight_offset) from shared memory at element off (even), or one. */
@@ -632,13 +588,6 @@ __device__ __forceinline__ void emit_row(const ApParams &p, const Shared &sh, co
     }
 }
 
-/* The weight (w + weight_offset) at index j of the shared table (q's at [0, D), k's at [D, 2D)). */
-__device__ __forceinline__ float weight_at(const ApParams &p, uint32_t j)
-{
-    const bool k = j >= p.D;
-    return widen_any(k ? p.k_w_dt : p.q_w_dt, k ? p.k_w : p.q_w, k ? j - p.D : j) + p.w_off;
-}
-
 /* Fills shared memory for the block's rows: angles (when it has q or k rows), weights, slots. */
 __device__ void fill_shared(const ApParams &p, const Block &bk, const Shared &sh)
 {
@@ -650,9 +599,12 @@ __device__ void fill_shared(const ApParams &p, const Block &bk, const Shared &sh
         sh.cs[j] = angle_cs(p.a, bk.t0 + tl, j - tl * p.half);
     }
     if (p.q_w || p.k_w)
-        for (uint32_t j = threadIdx.x; j < 2 * p.D; j += blockDim.x)
-            if (j >= p.D ? p.k_w != nullptr : p.q_w != nullptr)
-                sh.w[j] = weight_at(p, j);
+        for (uint32_t j = threadIdx.x; j < 2 * p.D; j += blockDim.x) {
+            const bool k = j >= p.D;
+            const void *w = k ? p.k_w : p.q_w;
+            if (w)
+                sh.w[j] = widen_any(k ? p.k_w_dt : p.q_w_dt, w, k ? j - p.D : j) + p.w_off;
+        }
 }
 
 __device__ __forceinline__ void fill_slots(const ApParams &p, const Block &bk, const Shared &sh)
@@ -663,114 +615,42 @@ __device__ __forceinline__ void fill_slots(const ApParams &p, const Block &bk, c
                                     : (int64_t)reinterpret_cast<const int32_t *>(p.slots)[bk.t0 + j];
 }
 
-/* The decode block's shared tables (one token, a few rows): the (cos, sin) of the token's pairs if
- * the block has q or k rows, the weights of the kinds among its rows that have a norm, the slot.
- * Every load is issued first (the angles' positions and freq_factors, the row's items, up to kDecW
- * weights a thread, the slot), then the angle arithmetic runs while they fly, then the stores to
- * shared memory; what does not fit that (more than kDecAngles angles or kDecW weights a thread, pairs
- * past the host's table) is done after, one at a time. The values are fill_shared's, bit for bit. */
-template <int ES, int VE, int U>
-__device__ __forceinline__ void fill_decode(const ApParams &p, const Block &bk, const Shared &sh, bool live,
-                                            const Kind &g, const unsigned char *in, uint32_t lane, uint32_t L,
-                                            Raw<VE * ES> (&a)[U], Raw<VE * ES> (&b)[U])
-{
-    const uint32_t tid = threadIdx.x, nthr = blockDim.x, qk = p.hq + p.hk, r_hi = bk.r_lo + bk.nr;
-    const uint32_t half = bk.r_lo < qk ? p.half : 0; /* v rows only: no angle */
-    AngleIn ain[kDecAngles] = {};
-#pragma unroll
-    for (int k = 0; k < kDecAngles; k++) {
-        const uint32_t i = tid + k * nthr;
-        if (i < half && i < kTabPairs)
-            ain[k] = angle_begin(p.a, bk.t0, i, p.a.axis[i]);
-    }
-    if (live)
-        load_items<ES, VE, U>(p, g, in, lane, L, a, b);
-    /* the weights of [w_lo, w_hi): q's when the block has a normed q row, k's likewise */
-    const bool wq = p.q_w && bk.r_lo < p.hq, wk = p.k_w && bk.r_lo < qk && r_hi > p.hq;
-    const uint32_t w_lo = wq ? 0 : p.D, w_hi = wk ? 2 * p.D : wq ? p.D : 0;
-    float wv[kDecW] = {};
-#pragma unroll
-    for (int k = 0; k < kDecW; k++) {
-        const uint32_t j = w_lo + tid + k * nthr;
-        if (j < w_hi)
-            wv[k] = weight_at(p, j);
-    }
-    int64_t slot = 0;
-    if (p.slots && tid == 0)
-        slot = p.slot_i64 ? reinterpret_cast<const int64_t *>(p.slots)[bk.t0]
-                          : (int64_t)reinterpret_cast<const int32_t *>(p.slots)[bk.t0];
-#pragma unroll
-    for (int k = 0; k < kDecAngles; k++) {
-        const uint32_t i = tid + k * nthr;
-        if (i < half)
-            sh.cs[i] = i < kTabPairs ? angle_end(p.a, p.a.freq[i], ain[k]) : angle_cs(p.a, bk.t0, i);
-    }
-    for (uint32_t i = tid + kDecAngles * nthr; i < half; i += nthr)
-        sh.cs[i] = angle_cs(p.a, bk.t0, i);
-#pragma unroll
-    for (int k = 0; k < kDecW; k++) {
-        const uint32_t j = w_lo + tid + k * nthr;
-        if (j < w_hi)
-            sh.w[j] = wv[k];
-    }
-    for (uint32_t j = w_lo + tid + kDecW * nthr; j < w_hi; j += nthr)
-        sh.w[j] = weight_at(p, j);
-    if (p.slots && tid == 0)
-        sh.slot[0] = slot;
-}
-
 /* The kernel. A block is (tile, group) of the plan, one task (row) per team: team j takes task j.
  * Each lane loads its items, then the block fills the shared tables while those loads are in
  * flight (the angle math and the weight and slot loads overlap a memory round trip), one barrier;
  * then the team's sum of squares (every lane of the warp shuffles, rows without a norm with 0: the
- * shuffles stay converged), and the outputs. DEC (plan_decode): the block is token blockIdx.x and
- * row group blockIdx.y (no division), and fill_decode issues every load before any arithmetic. */
-template <int DT, int VE, int U, bool CHUNK, bool DEC>
+ * shuffles stay converged), and the outputs. */
+template <int DT, int VE, int U, bool CHUNK>
 __global__ void __launch_bounds__(kThreads, CHUNK ? 2 : 3) prologue_kernel(const __grid_constant__ ApParams p)
 {
     constexpr int ES = Elem<DT>::size;
     extern __shared__ __align__(16) float4 smem[];
     const Plan &pl = p.pl;
+    const uint64_t blk = (uint64_t)blockIdx.y * gridDim.x + blockIdx.x;
+    if (blk >= pl.n_blocks)
+        return;
+    const uint64_t tile = blk >> 32 ? blk / pl.groups : (uint32_t)blk / pl.groups;
+    const uint32_t group = (uint32_t)(blk - tile * pl.groups);
     Block bk;
-    if constexpr (DEC) {
-        bk.t0 = blockIdx.x, bk.tt = 1;
-        bk.r_lo = blockIdx.y * pl.rpg;
-    } else {
-        const uint64_t blk = (uint64_t)blockIdx.y * gridDim.x + blockIdx.x;
-        if (blk >= pl.n_blocks)
-            return;
-        const uint64_t tile = blk >> 32 ? blk / pl.groups : (uint32_t)blk / pl.groups;
-        const uint32_t group = (uint32_t)(blk - tile * pl.groups);
-        bk.t0 = tile * pl.tile;
-        bk.tt = (uint32_t)min((uint64_t)pl.tile, pl.seq - bk.t0);
-        bk.r_lo = group * pl.rpg;
-    }
+    bk.t0 = tile * pl.tile;
+    bk.tt = (uint32_t)min((uint64_t)pl.tile, pl.seq - bk.t0);
+    bk.r_lo = group * pl.rpg;
     bk.nr = min(pl.rpg, p.rows - bk.r_lo);
     const Shared sh{reinterpret_cast<float2 *>(smem), reinterpret_cast<float *>(smem) + pl.w_at,
                     reinterpret_cast<int64_t *>(reinterpret_cast<unsigned char *>(smem) + pl.slot_at)};
     const uint32_t L = 1u << pl.l_log2, lane = threadIdx.x & (L - 1u);
 
     uint32_t tl = 0, r = 0, h = 0;
-    bool live;
-    if constexpr (DEC) {
-        const uint32_t team = threadIdx.x >> pl.l_log2;
-        live = team < bk.nr, r = bk.r_lo + team;
-    } else {
-        live = task_of(p, bk, threadIdx.x >> pl.l_log2, &tl, &r);
-    }
+    const bool live = task_of(p, bk, threadIdx.x >> pl.l_log2, &tl, &r);
     const int kind = kind_of(p, r, &h);
     const Kind &g = p.kind[kind == 2 ? 1 : 0];
     const unsigned char *in = row_in(p, kind, bk.t0 + tl, h);
     Raw<VE * ES> a[U], b[U];
     pdl_enter(); /* everything above is parameter arithmetic; every memory access is below */
-    if constexpr (DEC) {
-        fill_decode<ES, VE, U>(p, bk, sh, live, g, in, lane, L, a, b);
-    } else {
-        if (live)
-            load_items<ES, VE, U>(p, g, in, lane, L, a, b);
-        fill_shared(p, bk, sh);
-        fill_slots(p, bk, sh);
-    }
+    if (live)
+        load_items<ES, VE, U>(p, g, in, lane, L, a, b);
+    fill_shared(p, bk, sh);
+    fill_slots(p, bk, sh);
     __syncthreads();
     const bool norm = live && (kind == 0 ? p.q_w != nullptr : kind == 1 && p.k_w != nullptr);
     float ss = 0.0f;
@@ -797,50 +677,46 @@ struct LaunchPlan {
     bool pdl; /* programmatic stream serialization (lmk_cuda_device.pdl; kernel_common.cuh) */
 };
 
-template <int DT, int VE, int U, bool CHUNK, bool DEC>
+template <int DT, int VE, int U, bool CHUNK>
 cudaError_t launch(const ApParams &p, const LaunchPlan &L, cudaStream_t st)
 {
-    return lmk_cuda_start(prologue_kernel<DT, VE, U, CHUNK, DEC>, p, L.blocks, L.threads, L.smem, st, L.pdl);
+    return lmk_cuda_start(prologue_kernel<DT, VE, U, CHUNK>, p, L.blocks, L.threads, L.smem, st, L.pdl);
 }
 
 /* The instantiations: 16-byte units (U = 2) and one-element units of any alignment (U = 4), each
- * with and without chunks, and the decode kernel (16-byte units, U = 1, no chunks). Units of 8 or 4
- * bytes are not instantiated: a shape that is not 16-byte aligned takes one-element units
- * (plan_units). */
+ * with and without chunks. Units of 8 or 4 bytes are not instantiated: a shape that is not 16-byte
+ * aligned takes one-element units (plan_units). */
 template <int DT>
-cudaError_t launch_ve(uint32_t ve, bool chunk, bool dec, const ApParams &p, const LaunchPlan &L, cudaStream_t st)
+cudaError_t launch_ve(uint32_t ve, bool chunk, const ApParams &p, const LaunchPlan &L, cudaStream_t st)
 {
-    constexpr int V16 = 16 / Elem<DT>::size, U1 = kItems<Elem<DT>::size>;
+    constexpr int V16 = 16 / Elem<DT>::size;
     if (ve == 1)
-        return chunk ? launch<DT, 1, U1, true, false>(p, L, st) : launch<DT, 1, U1, false, false>(p, L, st);
-    if (dec)
-        return launch<DT, V16, kDecItems, false, true>(p, L, st);
-    return chunk ? launch<DT, V16, kItems<16>, true, false>(p, L, st)
-                 : launch<DT, V16, kItems<16>, false, false>(p, L, st);
+        return chunk ? launch<DT, 1, kItems<Elem<DT>::size>, true>(p, L, st)
+                     : launch<DT, 1, kItems<Elem<DT>::size>, false>(p, L, st);
+    return chunk ? launch<DT, V16, kItems<16>, true>(p, L, st) : launch<DT, V16, kItems<16>, false>(p, L, st);
 }
 
-cudaError_t launch_dtype(lmk_dtype dt, uint32_t ve, bool chunk, bool dec, const ApParams &p, const LaunchPlan &L,
-                         cudaStream_t st)
+cudaError_t launch_dtype(lmk_dtype dt, uint32_t ve, bool chunk, const ApParams &p, const LaunchPlan &L, cudaStream_t st)
 {
     switch (dt) {
     case LMK_F32:
-        return launch_ve<LMK_F32>(ve, chunk, dec, p, L, st);
+        return launch_ve<LMK_F32>(ve, chunk, p, L, st);
     case LMK_BF16:
-        return launch_ve<LMK_BF16>(ve, chunk, dec, p, L, st);
+        return launch_ve<LMK_BF16>(ve, chunk, p, L, st);
     default:
-        return launch_ve<LMK_F16>(ve, chunk, dec, p, L, st);
+        return launch_ve<LMK_F16>(ve, chunk, p, L, st);
     }
 }
 
 /* Loads an instantiation; the CHUNK ones (the only ones whose shared memory can pass 48 KB: head_dim
  * 4096 with a full rope, both norms and slots needs 48 KB + 8 bytes) may use up to kChunkSmem, set
  * here once per device rather than in an op call. */
-template <int DT, int VE, int U, bool CHUNK, bool DEC> void preload_one(cudaError_t *first)
+template <int DT, int VE, int U, bool CHUNK> void preload_one(cudaError_t *first)
 {
     cudaFuncAttributes attr;
-    cudaError_t e = cudaFuncGetAttributes(&attr, prologue_kernel<DT, VE, U, CHUNK, DEC>);
+    cudaError_t e = cudaFuncGetAttributes(&attr, prologue_kernel<DT, VE, U, CHUNK>);
     if (CHUNK && e == cudaSuccess)
-        e = cudaFuncSetAttribute(prologue_kernel<DT, VE, U, CHUNK, DEC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        e = cudaFuncSetAttribute(prologue_kernel<DT, VE, U, CHUNK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)kChunkSmem);
     if (e != cudaSuccess && *first == cudaSuccess)
         *first = e;
@@ -849,11 +725,10 @@ template <int DT, int VE, int U, bool CHUNK, bool DEC> void preload_one(cudaErro
 template <int DT> void preload_dtype(cudaError_t *first)
 {
     constexpr int V16 = 16 / Elem<DT>::size, U1 = kItems<Elem<DT>::size>;
-    preload_one<DT, V16, kItems<16>, false, false>(first);
-    preload_one<DT, V16, kItems<16>, true, false>(first);
-    preload_one<DT, 1, U1, false, false>(first);
-    preload_one<DT, 1, U1, true, false>(first);
-    preload_one<DT, V16, kDecItems, false, true>(first);
+    preload_one<DT, V16, kItems<16>, false>(first);
+    preload_one<DT, V16, kItems<16>, true>(first);
+    preload_one<DT, 1, U1, false>(first);
+    preload_one<DT, 1, U1, true>(first);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1052,17 +927,6 @@ void plan_operands(const lmk_attn_prologue_args *a, ApParams *p)
     p->slots = a->slots, p->slot_i64 = a->slot_dtype == LMK_I64;
 }
 
-/* The shared memory of a block of `tile` tokens: (cos, sin) of tile x half pairs, 2 x D weights
- * (with a norm), tile slots; sets p->pl.w_at and slot_at. */
-size_t plan_smem(ApParams *p, uint64_t tile)
-{
-    const uint64_t cs_bytes = ceil_div(tile * p->half * sizeof(float2), 16) * 16;
-    const uint64_t w_bytes = (p->q_w || p->k_w) ? 2ull * p->D * sizeof(float) : 0;
-    p->pl.w_at = (uint32_t)(cs_bytes / sizeof(float));
-    p->pl.slot_at = (uint32_t)(cs_bytes + w_bytes);
-    return (size_t)(cs_bytes + w_bytes + (p->slots ? tile * sizeof(int64_t) : 0));
-}
-
 /* The launch: one row per team; 256-thread blocks, or 128 when the rows fill at most 2 blocks of
  * 256 per SM (decode: more, smaller blocks spread a call over more SMs). A block takes a tile of
  * whole tokens (one angle per thread at most) or, when a token has more rows than a block has
@@ -1093,42 +957,12 @@ void plan_launch(ApParams *p, int sm_count, LaunchPlan *L)
     L->blocks = dim3((unsigned)pl.n_blocks, 1, 1);
     if (pl.n_blocks > 0x7fffffffu) /* T near 2^32 with one token per tile */
         L->blocks = dim3(1u << 30, (unsigned)ceil_div(pl.n_blocks, 1u << 30), 1);
-    L->smem = plan_smem(p, tile);
-}
-
-/* The decode plan, when it applies (16-byte units, a row in one pass of kDecItems item a lane, the
- * call's threads at most kDecFill per SM): one token per block (grid x) and rows of it (grid y, rows
- * balanced over the groups), blocks of kDecThreads threads or enough for kDecAngles angles a thread
- * (at most kThreads), so that a T=1 call spreads over ~rows / 4 SMs (Qwen3-8B: 12 blocks of 4 rows)
- * and T=64 over every SM. Sets the team (plan_team) and the plan; false leaves both to the caller. */
-bool plan_decode(ApParams *p, uint32_t ve, int sm_count, LaunchPlan *L)
-{
-    bool chunk;
-    if (ve == 1)
-        return false;
-    plan_team(p, kDecItems, &chunk);
-    Plan &pl = p->pl;
-    const uint64_t lanes = 1u << pl.l_log2, seq = pl.seq, rows = p->rows;
-    const uint64_t sms = (uint64_t)(sm_count > 0 ? sm_count : 1);
-    if (chunk || seq * rows * lanes > kDecFill * sms || seq > 0x7fffffffu)
-        return false;
-    uint64_t threads = ceil_div(ceil_div(p->half, kDecAngles), 32) * 32;
-    threads = threads < kDecThreads ? kDecThreads : threads > kThreads ? kThreads : threads;
-    uint64_t rpb = threads / lanes; /* lanes <= 32 <= threads */
-    rpb = rpb > rows ? rows : rpb;
-    const uint64_t groups = ceil_div(rows, rpb);
-    if (groups > 65535)
-        return false;
-    pl.rpg = (uint32_t)ceil_div(rows, groups);
-    pl.groups = (uint32_t)groups;
-    pl.tile = 1;
-    pl.magic = (uint32_t)(((1u << kMagicShift) + pl.rpg - 1) / pl.rpg); /* unused by the decode kernel */
-    pl.n_blocks = seq * groups;
-    const uint64_t team_threads = ceil_div(pl.rpg * lanes, 32) * 32;
-    L->threads = dim3((unsigned)(team_threads > threads ? team_threads : threads), 1, 1);
-    L->blocks = dim3((unsigned)seq, (unsigned)groups, 1);
-    L->smem = plan_smem(p, 1);
-    return true;
+    /* Shared memory: (cos, sin) of tile x half pairs, 2 x D weights, tile slots. */
+    const uint64_t cs_bytes = ceil_div(tile * p->half * sizeof(float2), 16) * 16;
+    const uint64_t w_bytes = (p->q_w || p->k_w) ? 2ull * p->D * sizeof(float) : 0;
+    pl.w_at = (uint32_t)(cs_bytes / sizeof(float));
+    pl.slot_at = (uint32_t)(cs_bytes + w_bytes);
+    L->smem = (size_t)(cs_bytes + w_bytes + (p->slots ? tile * sizeof(int64_t) : 0));
 }
 
 } /* namespace */
@@ -1153,20 +987,17 @@ lmk_status lmk_cuda_attn_prologue(lmk_stream *s, const void *args)
     plan_operands(a, &p);
     const uint32_t ve = plan_units(a);
     plan_kinds(a, ve, &p);
+    bool chunk;
+    plan_team(&p, ve == 1 ? (r->dtype == LMK_F32 ? kItems<4> : kItems<2>) : kItems<16>, &chunk);
     plan_angles(&r->angle, &p.a);
     p.pl.seq = r->seq_len;
     LaunchPlan L;
-    bool chunk = false;
-    const bool dec = plan_decode(&p, ve, d->sm_count, &L);
-    if (!dec) {
-        plan_team(&p, ve == 1 ? (r->dtype == LMK_F32 ? kItems<4> : kItems<2>) : kItems<16>, &chunk);
-        plan_launch(&p, d->sm_count, &L);
-    }
+    plan_launch(&p, d->sm_count, &L);
     L.pdl = d->pdl;
     if (L.smem > (chunk ? kChunkSmem : 48 * 1024)) /* cannot happen for head_dim, Dv <= 4096 */
         return lmk_fail(LMK_ERR_UNSUPPORTED, "%s: %zu bytes of shared memory exceed the CUDA kernel's limit", op,
                         L.smem);
-    const cudaError_t e = launch_dtype(r->dtype, ve, chunk, dec, p, L, lmk_cuda_stream_of(s));
+    const cudaError_t e = launch_dtype(r->dtype, ve, chunk, p, L, lmk_cuda_stream_of(s));
     return e == cudaSuccess ? LMK_OK : lmk_cuda_fail(e, "attn_prologue: kernel launch");
 }
 
