@@ -95,7 +95,12 @@ void tst_cmp_f64(lmk_dtype dtype, const void *got, const double *want, size_t n,
  * what it held before (ggml's test-backend-ops does the same with guard tensors).
  * ---------------------------------------------------------------------------------------------- */
 
-#define TST_GUARD 64            /* guard bytes around the tensors of a region */
+/* Guard bytes around the tensors of a region; a multiple of 256, so tensors start where allocators
+ * put them (cudaMalloc and PyTorch's allocator align to 256 bytes or more) and a timed case's rows
+ * sit on cache lines as a real model's do. With 64, every 512-byte Qwen3.5 row straddled a
+ * 128-byte line and `lmk bench` timed in-place rope at 48 us where the same kernel on aligned
+ * buffers takes 37 us (docs/cuda_notes.md, run 14); misaligned operands are cases of their own. */
+#define TST_GUARD 256
 #define TST_POISON 0xFFu        /* poison byte: NaN in f32, bf16 and f16; never a random input */
 
 /* Fills n bytes with `byte`. */
