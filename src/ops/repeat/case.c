@@ -30,7 +30,7 @@ typedef struct repeat_case {
     uint32_t seq, hg, h, k;
     lmk_repeat_layout layout;
     lmk_dtype dtype;
-    uint32_t offset; /* elements past a 64-byte boundary: 1 makes every view unaligned */
+    uint32_t offset; /* elements past a 256-byte boundary: 1 makes every view unaligned */
     lay src, dst;
 } repeat_case;
 

@@ -38,7 +38,7 @@ typedef struct rope_case {
     int pos;                /* POS_*: how positions are drawn */
     lmk_dtype pos_dtype;    /* i32, u32 or i64 */
     int ff;                 /* FF_*: freq_factors */
-    uint32_t offset;        /* elements past a 64-byte boundary: 1 makes every view unaligned */
+    uint32_t offset;        /* elements past a 256-byte boundary: 1 makes every view unaligned */
 } rope_case;
 
 _Static_assert(sizeof(rope_case) <= TST_CASE_PARAMS, "rope_case must fit in tst_case.p");
