@@ -739,6 +739,7 @@ typedef struct spec {
     lmk_dtype dt, w_dt, slot_dt, pos_dt;
     int outputs, cache;
     bool f8, no_v, no_k_cache, text_pos, padding, nan_payloads, q_norm_only, k_norm_only, in_place;
+    bool far_pos;             /* positions within 4096 of +-(2^20 - 1), both signs (text positions) */
     float k_scale, v_scale;
     lmk_rope_pairing pairing;
     float freq_scale, ext_factor, attn_factor;
@@ -824,7 +825,11 @@ static void build_positions(ap_case *c, const spec *s, uint64_t *r)
         return;
     const int64_t start = rnd_below(r, 1000);
     for (size_t i = 0; i < T; i++) {
-        const int64_t t = !s->text_pos && !multi && T > 32 ? (int64_t)rnd_below(r, 131072) : start + (int64_t)i;
+        int64_t t = !s->text_pos && !multi && T > 32 ? (int64_t)rnd_below(r, 131072) : start + (int64_t)i;
+        if (s->far_pos) { /* the edge of lmk.h's precision domain, |position| < 2^20, both signs */
+            const int64_t mag = ((int64_t)1 << 20) - 1 - (int64_t)rnd_below(r, 4096);
+            t = i % 2 ? -mag : mag;
+        }
         put_int(s->pos_dt, c->reg[reg].img, i, t);
         for (size_t axis = 1; multi && axis < 4; axis++)
             put_int(s->pos_dt, c->reg[reg].img, axis * T + i,
@@ -916,7 +921,8 @@ static void case_name(ap_case *c, const spec *s)
              mode_name(m->mode), m->d, m->r, m->hq, m->hk, s->T, lmk_dtype_name(s->dt), (double)m->base,
              m->llama3 ? " ff=llama3" : "", extra, norm, k_layout_names[m->layout], k_out_names[s->outputs],
              s->in_place || m->layout == L_QKV ? " in_place" : "", cache, s->nan_payloads ? " nan_payloads" : "",
-             lmk_dtype_name(s->pos_dt), s->text_pos ? "(text)" : "", m->name, s->note ? " " : "",
+             lmk_dtype_name(s->pos_dt), s->far_pos ? "(near 2^20)" : s->text_pos ? "(text)" : "", m->name,
+             s->note ? " " : "",
              s->note ? s->note : "");
 }
 
@@ -1026,6 +1032,31 @@ static void test_models(const tst_dev *devs, int n_dev)
                 failed += !run_spec(&s, devs, n_dev, Ts[ti] <= 64);
             }
     group_line("model shapes (Qwen3.5-27B/35B-A3B, Qwen3-8B, Llama-3.1-8B)", n, failed, n_dev, t0);
+}
+
+/* Every model at positions near +-2^20, the edge of lmk.h's precision domain (the angles there
+ * are the largest the contract covers, and the CPU's vector sin/cos and the CUDA kernels reduce
+ * them in float64 by different code), f32 and bf16, a decode batch and a short prompt, on every
+ * device. */
+static void test_far_positions(const tst_dev *devs, int n_dev)
+{
+    const uint32_t Ts[] = {5, 64};
+    const lmk_dtype dts[] = {LMK_F32, LMK_BF16};
+    const double t0 = tst_now();
+    int n = 0, failed = 0;
+    for (int m = 0; m < N_MODELS; m++)
+        for (int ti = 0; ti < 2; ti++)
+            for (int di = 0; di < 2; di++) {
+                spec s = spec_of(m, Ts[ti], dts[di]);
+                s.far_pos = true;
+                s.text_pos = true;
+                s.pos_dt = (m + ti + di) % 2 ? LMK_I64 : LMK_I32;
+                s.f8 = (m + ti) % 2 == 1;
+                s.padding = true;
+                n++;
+                failed += !run_spec(&s, devs, n_dev, true);
+            }
+    group_line("positions near +-2^20 (every model, f32 and bf16)", n, failed, n_dev, t0);
 }
 
 /* ---- 2: edge shapes, modes, scalings and layouts ---- */
@@ -1558,6 +1589,7 @@ int main(void)
         test_public_bugs(devs, n_dev);
         test_edges(devs, n_dev);
         test_models(devs, n_dev);
+        test_far_positions(devs, n_dev);
     }
     lmk_device_close(g_other);
     lmk_device_close(g_ref);
