@@ -20,10 +20,12 @@
  * rotate a vector of a's against a vector of b's; NORMAL's adjacent pairs rotate one vector of
  * both with cos/sin duplicated into lane pairs and the pair swapped in-lane. The vector narrowing
  * gives the bits of lmk_f32_to_bf16 / lmk_f32_to_f16 (NaN included) and of
- * lmk_f8e4m3_from_f32_bits (core/f8.h) on x / scale. Outputs of a large call whose rows are whole,
- * aligned cache lines are written with streaming stores, and the next token's rows are prefetched
- * while a token is computed. Rows larger than FAST_DIM or with more pairs than CHUNK take an
- * element-wise path. docs/cpu_notes.md ("attn_prologue") has the measurements.
+ * lmk_f8e4m3_from_f32_bits (core/f8.h) on x / scale, formed as x * (1 / scale) when that inverse
+ * is exact (a power-of-two scale: the same bits without a divide, f8_scaling). Outputs of a large
+ * call whose rows are whole, aligned cache lines are written with streaming stores, and the next
+ * token's rows are prefetched while a token is computed. Rows larger than FAST_DIM or with more
+ * pairs than CHUNK take an element-wise path. docs/cpu_notes.md ("attn_prologue") has the
+ * measurements.
  *
  * Angles: on the row path the token's thetas go into the row buffer (free between tokens, so no
  * stack grows) and lmk_cpu_sincos (src/cpu/sincos.c, lmk_rope's table code) evaluates them with
@@ -41,6 +43,7 @@
 #include "ops/attn_prologue/attn_prologue.h"
 #include "ops/rope/rope_common.h"
 
+#include <float.h>
 #include <math.h>
 
 #define CHUNK 128
@@ -52,6 +55,8 @@ typedef struct row_dest {
     lmk_dtype dt;
     float scale;       /* f8 caches: stored = lmk_f32_to_f8e4m3(x / scale), lmk.h's formula */
     int nt;            /* streaming stores (the row is whole cache lines, 64-byte aligned) */
+    float inv;         /* f8: 1 / scale when exact (exact_inverse), else 0; the row path's vector
+                        * narrowing then multiplies instead of dividing, with the same bits */
 } row_dest;
 
 /* A head row on the element-wise path: input, norm and destinations. */
@@ -91,6 +96,7 @@ typedef struct ap_job {
     bool direct_ok;               /* a vector level and pairs and gaps of whole vectors: builds
                                    * may store straight to a row's only destination (TO_DEST) */
     int nt_q, nt_k, nt_kc, nt_vc; /* q_out, k_out, k cache, v cache */
+    float k_inv, v_inv;           /* exact_inverse of k_scale and v_scale */
 } ap_job;
 
 LMK_INLINE float ld(lmk_dtype dt, const void *p, size_t i)
@@ -208,12 +214,12 @@ static inline ap_row make_row(const ap_job *jb, size_t token, size_t h, long lon
                 .w = k ? a->k_norm_w : a->q_norm_w, .w_dt = k ? a->k_norm_dtype : a->q_norm_dtype, .r = 1.0f};
     if (t->out) {
         unsigned char *p = (unsigned char *)t->out + (token * t->out_tok + head * t->out_head) * es;
-        r.dest[r.n_dest++] = (row_dest){p, a->rope.dtype, 1.0f, nt_at(k ? jb->nt_k : jb->nt_q, p)};
+        r.dest[r.n_dest++] = (row_dest){p, a->rope.dtype, 1.0f, nt_at(k ? jb->nt_k : jb->nt_q, p), 1.0f};
     }
     if (k && a->k_cache.data && slot >= 0 && (unsigned long long)slot < a->k_slots) {
         const size_t ces = lmk_dtype_size(a->k_cache.dtype);
         unsigned char *p = (unsigned char *)a->k_cache.data + ((size_t)slot * a->k_cache.tok + head * a->k_cache.head) * ces;
-        r.dest[r.n_dest++] = (row_dest){p, a->k_cache.dtype, a->k_scale, nt_at(jb->nt_kc, p)};
+        r.dest[r.n_dest++] = (row_dest){p, a->k_cache.dtype, a->k_scale, nt_at(jb->nt_kc, p), jb->k_inv};
     }
     return r;
 }
@@ -225,7 +231,7 @@ static inline row_dest v_row(const ap_job *jb, size_t token, size_t h, long long
     const size_t es = lmk_dtype_size(a->rope.dtype), ces = lmk_dtype_size(a->v_cache.dtype);
     *src = (const unsigned char *)a->v_in.data + (token * a->v_in.tok + h * a->v_in.head) * es;
     unsigned char *p = (unsigned char *)a->v_cache.data + ((size_t)slot * a->v_cache.tok + h * a->v_cache.head) * ces;
-    return (row_dest){p, a->v_cache.dtype, a->v_scale, nt_at(jb->nt_vc, p)};
+    return (row_dest){p, a->v_cache.dtype, a->v_scale, nt_at(jb->nt_vc, p), jb->v_inv};
 }
 
 static inline int v_slot_ok(const lmk_attn_prologue_args *a, long long slot)
@@ -468,6 +474,20 @@ LMK_INLINE bool sum_ok(double ss)
     return ss >= 0x1p-80 && ss < HUGE_VAL;
 }
 
+/* How a vector narrowing forms x / scale for an f8 destination: not at all for other dtypes and
+ * for scale 1 (x / 1 is x); x * (1 / scale) when that inverse is exact (exact_inverse: the two
+ * are then the same real number, rounded once, so the bits are x / scale's); else the division.
+ * With the bench's scales (1/16 for k, 1/8 for v) the divides had cost the f8-cache calls at
+ * T = 4106 3-6% of their time (Qwen3-8B and Qwen3.5, 1 and 2 threads, docs/cpu_notes.md). */
+enum { F8_NONE = 0, F8_MUL = 1, F8_DIV = 2 };
+
+LMK_INLINE int f8_scaling(lmk_dtype odt, const row_dest *d)
+{
+    if (odt != LMK_F8E4M3 || d->scale == 1.0f)
+        return F8_NONE;
+    return d->inv != 0.0f ? F8_MUL : F8_DIV;
+}
+
 /* ---- AVX-512 ---- */
 
 STEP_KERNEL LMK_TARGET_AVX512 __m512 load16(lmk_dtype dt, const unsigned char *p)
@@ -690,12 +710,13 @@ STEP_KERNEL LMK_TARGET_AVX512 void narrow16_dt(lmk_dtype odt, int nt, const row_
                                                size_t hi)
 {
     const size_t oes = odt == LMK_F32 ? 4 : odt == LMK_F8E4M3 ? 1 : 2;
-    const __m512 scale = _mm512_set1_ps(d->scale);
-    const int scaled = odt == LMK_F8E4M3 && d->scale != 1.0f; /* x / 1 is x: skip the division */
+    const __m512 scale = _mm512_set1_ps(d->scale), inv = _mm512_set1_ps(d->inv);
+    const int how = f8_scaling(odt, d);
     size_t i = lo;
     for (; i + 16 <= hi; i += 16) {
         const __m512 v = _mm512_loadu_ps(x + i);
-        store16(odt, nt, d->p + i * oes, scaled ? _mm512_div_ps(v, scale) : v);
+        store16(odt, nt, d->p + i * oes,
+                how == F8_DIV ? _mm512_div_ps(v, scale) : how == F8_MUL ? _mm512_mul_ps(v, inv) : v);
     }
     if (i < hi)
         narrow_scalar(d, x, i, hi);
@@ -935,8 +956,8 @@ STEP_KERNEL LMK_TARGET_AVX2 void narrow8_dt(lmk_dtype odt, int nt, const row_des
                                             size_t hi)
 {
     const size_t oes = odt == LMK_F32 ? 4 : odt == LMK_F8E4M3 ? 1 : 2;
-    const __m256 scale = _mm256_set1_ps(d->scale);
-    const int scaled = odt == LMK_F8E4M3 && d->scale != 1.0f;
+    const __m256 scale = _mm256_set1_ps(d->scale), inv = _mm256_set1_ps(d->inv);
+    const int how = f8_scaling(odt, d);
     size_t i = lo;
     for (; i + 16 <= hi; i += 16) {
         __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
@@ -946,8 +967,10 @@ STEP_KERNEL LMK_TARGET_AVX2 void narrow8_dt(lmk_dtype odt, int nt, const row_des
             store8(odt, nt, p + 8 * oes, v1);
             continue;
         }
-        if (scaled)
+        if (how == F8_DIV)
             v0 = _mm256_div_ps(v0, scale), v1 = _mm256_div_ps(v1, scale);
+        else if (how == F8_MUL)
+            v0 = _mm256_mul_ps(v0, inv), v1 = _mm256_mul_ps(v1, inv);
         const __m128i b = f8_pack16(v0, v1);
         if (nt)
             _mm_stream_si128((__m128i *)(void *)p, b);
@@ -1115,10 +1138,10 @@ LMK_INLINE void do_v(lmk_cpu_isa isa, const ap_job *jb, size_t token, long long 
 
 #define ROW_GROUP 8
 
-LMK_INLINE void set_dest(row_dest *d, unsigned char *p, lmk_dtype dt, float scale, int tensor_nt)
+LMK_INLINE void set_dest(row_dest *d, unsigned char *p, lmk_dtype dt, float scale, float inv, int tensor_nt)
 {
     /* field by field: a struct copy here is read back as one vector before the stores retire */
-    d->p = p, d->dt = dt, d->scale = scale, d->nt = nt_at(tensor_nt, p);
+    d->p = p, d->dt = dt, d->scale = scale, d->nt = nt_at(tensor_nt, p), d->inv = inv;
 }
 
 /* Heads [h0, h1) (at most ROW_GROUP) of one tensor of a token (q: 0, k: 1): the sums of squares
@@ -1152,9 +1175,10 @@ LMK_INLINE void do_rows(lmk_cpu_isa isa, const ap_job *jb, const ap_table *tb, c
         row_dest dest[2];
         int n_dest = 0;
         if (out)
-            set_dest(&dest[n_dest++], out + i * t->out_head * es, ra->dtype, 1.0f, k ? jb->nt_k : jb->nt_q);
+            set_dest(&dest[n_dest++], out + i * t->out_head * es, ra->dtype, 1.0f, 1.0f, k ? jb->nt_k : jb->nt_q);
         if (cache)
-            set_dest(&dest[n_dest++], crow + i * a->k_cache.head * ces, a->k_cache.dtype, a->k_scale, jb->nt_kc);
+            set_dest(&dest[n_dest++], crow + i * a->k_cache.head * ces, a->k_cache.dtype, a->k_scale, jb->k_inv,
+                     jb->nt_kc);
         if (ahead)
             prefetch_row(in + (i * t->in_head + t->in_tok) * es, d * es);
         do_row(isa, jb->direct_ok, ra, tb, w, norm ? rf[i] : 1.0f, norm, in + i * t->in_head * es, dest, n_dest, x);
@@ -1251,6 +1275,15 @@ static void prologue_task(void *ctx, int tid, int n_threads)
         lmk_cpu_stream_fence();
 }
 
+/* 1 / s when it is exact, else 0: s a power of two whose inverse is a normal f32 (s in [2^-126,
+ * 2^126]). The product of two f32 values is exact in double, so it is 1 exactly when inv is 1/s
+ * exactly. Cache scales are finite and positive (op.c). */
+static float exact_inverse(float s)
+{
+    const float inv = 1.0f / s;
+    return isfinite(inv) && inv >= FLT_MIN && (double)inv * (double)s == 1.0 ? inv : 0.0f;
+}
+
 /* Streaming stores for a destination tensor: a vector level, a large op, an output that is not
  * its own input (in place the lines are already cached), and rows of whole cache lines; each row
  * must also start on a line (nt_at). */
@@ -1268,7 +1301,8 @@ lmk_status lmk_cpu_attn_prologue(lmk_stream *s, const void *args)
     const size_t kces = a->k_cache.data ? lmk_dtype_size(a->k_cache.dtype) : 0;
     const size_t vces = a->v_cache.data ? lmk_dtype_size(a->v_cache.dtype) : 0;
     const size_t out_bytes = T * (hq * d * es + (a->rope.t[1].out ? hk * d * es : 0) + hk * d * kces + hk * dv * vces);
-    ap_job jb = {.a = a, .isa = lmk_cpu_stream_isa(s), .es = es, .k_ces = kces};
+    ap_job jb = {.a = a, .isa = lmk_cpu_stream_isa(s), .es = es, .k_ces = kces, .k_inv = exact_inverse(a->k_scale),
+                 .v_inv = exact_inverse(a->v_scale)};
     if (a->rope.angle.n_pairs <= CHUNK && d <= FAST_DIM) { /* the row path */
         const size_t n = a->rope.angle.n_pairs, st = a->rope.pair_stride;
         jb.direct_ok = jb.isa != LMK_CPU_SCALAR && d % 16 == 0 &&
