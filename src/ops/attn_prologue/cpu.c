@@ -1100,12 +1100,16 @@ LMK_INLINE void do_row(lmk_cpu_isa isa, bool direct_ok, const lmk_rope_args *ra,
 }
 
 /* The same row of the next token, so that its lines arrive while this token is computed: cold
- * Qwen3-8B calls took 15-20% less CPU time with it (docs/cpu_notes.md). Prefetches never fault,
- * and the callers stop at the thread's last token. */
+ * Qwen3-8B calls took 15-20% less CPU time with it (docs/cpu_notes.md). Into L2 (prefetcht1), not
+ * L1: with Qwen3.5's rows (q out of q|gate; q_out, k_out and both caches streamed) a token spent
+ * about half of its samples on these prefetches, and L2 prefetches took 6-12% off those calls at
+ * 1 and 2 threads (Qwen3-8B unchanged). A token's rows stay in L2 until the next token reads them
+ * (about 16 KB for Qwen3.5, in an L2 of MBs). Prefetches never fault, and the callers stop at the
+ * thread's last token. */
 LMK_INLINE void prefetch_row(const unsigned char *p, size_t bytes)
 {
     for (size_t l = 0; l < bytes; l += 64)
-        __builtin_prefetch(p + l, 0, 3);
+        __builtin_prefetch(p + l, 0, 2);
 }
 
 /* The token's v rows to their cache rows: byte copies (streaming when the row qualifies), or
