@@ -36,8 +36,8 @@
  *
  * Stack use is fixed: per-pair tables for CHUNK pairs (larger rope_dim is processed chunk by
  * chunk), norm factors for CHUNK rows at a time, and on the row path one row and one widened norm
- * weight (refilled per token for q and for k): 9.1 KB in all measured at -O2 (gcc; clang 10.0 KB),
- * 15.1 KB at -O0 (gcc), inside lmk.h's 16 KiB bound (tests/test_small_stack.c).
+ * weight (refilled per token for q and for k): 9.1 KB in all measured at -O2 (gcc; clang 9.9 KB),
+ * 15.2 KB at -O0 (gcc), inside lmk.h's 16 KiB bound (tests/test_small_stack.c).
  */
 #include "cpu/cpu.h"
 #include "ops/attn_prologue/attn_prologue.h"
