@@ -612,16 +612,6 @@ static bool side_by_side(const lmk_tensor3 *a, const lmk_tensor3 *b)
            b->stride[1] * b->es >= b->n[2] * b->es;
 }
 
-static bool same3(const lmk_tensor3 *a, const lmk_tensor3 *b)
-{
-    if (a->data != b->data || a->es != b->es)
-        return false;
-    for (int i = 0; i < 3; i++)
-        if (a->n[i] != b->n[i] || (a->n[i] > 1 && a->stride[i] != b->stride[i]))
-            return false;
-    return true;
-}
-
 /* lmk.h's overlap rule on the element bytes: an output shares no byte with another operand, except
  * that q_out / k_out may be exactly their input; its own elements are distinct. Where elements are
  * disjoint but extents meet (or a layout is not nested), lmk may reject: MAY_REJECT. */
@@ -648,7 +638,7 @@ static int overlaps(const fz_env *e, const ap_call *c, lmk_tensor3 *t)
             verdict = MAY_REJECT;
         const uintptr_t lo = (uintptr_t)t[o].data, hi = lo + t3_span(&t[o]);
         for (int w = 0; w < N_OPS; w++) {
-            if (w == o || !c->op[w] || (w == own[k] && same3(&t[o], &t[w])))
+            if (w == o || !c->op[w] || (w == own[k] && fz_same3(&t[o], &t[w])))
                 continue;
             const uintptr_t wlo = (uintptr_t)t[w].data, whi = wlo + t3_span(&t[w]);
             bool shared = false;
