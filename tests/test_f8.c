@@ -8,6 +8,14 @@
  * the saturation edge (448, 464, infinity) and NaN payloads; and on a million random f32 bit
  * patterns. (The library's conversion was also compared with this reference on all 2^32 inputs
  * when it was written: too slow for every run.)
+ *
+ * On each CUDA device, the f8 cache write of lmk_attn_prologue (the kernel's own conversion: a
+ * hardware instruction on sm_89 and later) is compared with lmk_f32_to_f8e4m3 bit for bit: v rows
+ * of f32 values with v_scale 1 (stored = f8(x)), in pairs as the kernel converts them. Every f32
+ * bit pattern whose exponent field is 0x00 (zeros, subnormals), 0x60-0x8f (2^-31 to 2^17: every
+ * rounding boundary, the subnormal codes, the saturation edge) or 0xff (infinities, every NaN
+ * payload), both signs: 839 M inputs, under LMK_TEST_QUICK; otherwise all 2^32. Then every bf16
+ * pattern through the bf16 kernel. Without a GPU this part prints a SKIP line.
  */
 #include "harness.h"
 #include "lmk.h"
@@ -15,6 +23,8 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 HARNESS_DEFINE;
@@ -81,6 +91,149 @@ static void check_around(float f)
         check_one(from_bits(b + (uint32_t)d));
 }
 
+
+/* ---- the CUDA cache write against lmk_f32_to_f8e4m3 ---- */
+
+enum { G_T = 16384, G_DV = 4096, G_D = 8 }; /* one call converts G_T * G_DV = 2^26 values */
+
+typedef struct gpu_rig {
+    lmk_device *dev;
+    lmk_stream *s;
+    lmk_dtype dt;
+    lmk_buffer *q, *qo, *k, *kc, *v, *vc, *pos, *slots;
+} gpu_rig;
+
+static void rig_free(gpu_rig *g)
+{
+    lmk_buffer *b[] = {g->q, g->qo, g->k, g->kc, g->v, g->vc, g->pos, g->slots};
+    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
+        lmk_buffer_free(b[i]);
+    if (g->s)
+        lmk_stream_destroy(g->s);
+    if (g->dev)
+        lmk_device_close(g->dev);
+}
+
+static lmk_status alloc3(gpu_rig *g, lmk_dtype dt, size_t a, size_t b, size_t c, lmk_buffer **out)
+{
+    const size_t shape[3] = {a, b, c};
+    return lmk_buffer_alloc(g->dev, a * b * c * lmk_dtype_size(dt), dt, shape, 3, out);
+}
+
+/* q, k: [G_T, 1, G_D] zeros (rotated, then ignored); v: [G_T, 1, G_DV] in dt; caches of G_T rows,
+ * the v cache f8; slots 0..G_T-1. */
+static bool rig_open(gpu_rig *g, int ordinal, lmk_dtype dt)
+{
+    memset(g, 0, sizeof *g);
+    g->dt = dt;
+    const size_t es = lmk_dtype_size(dt), one[1] = {G_T};
+    bool ok = lmk_device_open(LMK_BACKEND_CUDA, ordinal, &g->dev) == LMK_OK &&
+              lmk_stream_create(g->dev, &g->s) == LMK_OK && alloc3(g, dt, G_T, 1, G_D, &g->q) == LMK_OK &&
+              alloc3(g, dt, G_T, 1, G_D, &g->qo) == LMK_OK && alloc3(g, dt, G_T, 1, G_D, &g->k) == LMK_OK &&
+              alloc3(g, dt, G_T, 1, G_D, &g->kc) == LMK_OK && alloc3(g, dt, G_T, 1, G_DV, &g->v) == LMK_OK &&
+              alloc3(g, LMK_F8E4M3, G_T, 1, G_DV, &g->vc) == LMK_OK &&
+              lmk_buffer_alloc(g->dev, G_T * 4, LMK_I32, one, 1, &g->pos) == LMK_OK &&
+              lmk_buffer_alloc(g->dev, G_T * 4, LMK_I32, one, 1, &g->slots) == LMK_OK;
+    if (ok) {
+        int32_t *h = calloc(G_T, 4);
+        void *z = calloc(G_T * G_D, es);
+        ok = h && z && lmk_buffer_write(g->pos, 0, h, G_T * 4) == LMK_OK &&
+             lmk_buffer_write(g->q, 0, z, G_T * G_D * es) == LMK_OK &&
+             lmk_buffer_write(g->k, 0, z, G_T * G_D * es) == LMK_OK;
+        for (int i = 0; ok && i < G_T; i++)
+            h[i] = i;
+        ok = ok && lmk_buffer_write(g->slots, 0, h, G_T * 4) == LMK_OK;
+        free(h);
+        free(z);
+    }
+    CHECK(ok, "cuda:%d: setting up the f8 conversion check: %s", ordinal, lmk_last_error());
+    return ok;
+}
+
+/* Writes n = G_T * G_DV values (in g->dt) to v, runs the prologue, reads the f8 cache into codes. */
+static bool rig_run(gpu_rig *g, const void *vals, uint8_t *codes)
+{
+    const size_t n = (size_t)G_T * G_DV;
+    const lmk_rope_params rp = {.head_dim = G_D, .rope_dim = G_D, .n_heads = 1, .n_k_heads = 1, .seq_len = G_T,
+                                .freq_base = 10000.0f, .mode = LMK_ROPE_NEOX};
+    const lmk_rms_norm_params nm = {.eps = 1e-6f};
+    const lmk_attn_prologue_io io = {.q_in = g->q, .k_in = g->k, .v_in = g->v, .positions = g->pos,
+                                     .slots = g->slots, .q_out = g->qo, .k_cache = g->kc, .v_cache = g->vc};
+    const bool ok = lmk_buffer_write(g->v, 0, vals, n * lmk_dtype_size(g->dt)) == LMK_OK &&
+                    lmk_attn_prologue(g->s, &io, &rp, &nm) == LMK_OK && lmk_stream_sync(g->s) == LMK_OK &&
+                    lmk_buffer_read(g->vc, 0, codes, n) == LMK_OK;
+    CHECK(ok, "the f8 cache write on CUDA: %s", lmk_last_error());
+    return ok;
+}
+
+static bool env_set(const char *name)
+{
+    const char *e = getenv(name);
+    return e && *e && strcmp(e, "0") != 0;
+}
+
+/* Every f32 pattern with one of the chosen exponent fields (all 2^32 without LMK_TEST_QUICK), four
+ * exponent fields (2^26 inputs) per call; then every bf16 pattern. */
+static void check_gpu(int ordinal)
+{
+    const size_t n = (size_t)G_T * G_DV;
+    uint32_t *vals = malloc(n * 4);
+    uint8_t *codes = malloc(n);
+    gpu_rig g;
+    if (!vals || !codes) {
+        CHECK(0, "f8 conversion check: out of host memory");
+        free(vals), free(codes);
+        return;
+    }
+    int exps[256], ne = 0;
+    const bool full = !env_set("LMK_TEST_QUICK");
+    for (int e = 0; e < 256; e++)
+        if (full || e == 0 || e == 0xff || (e >= 0x60 && e <= 0x8f))
+            exps[ne++] = e;
+    long long bad = 0, done = 0;
+    if (rig_open(&g, ordinal, LMK_F32)) {
+        for (int i = 0; i < ne; i += 4) { /* 4 exponent fields x 2 signs x 2^23 = 2^26 */
+            size_t m = 0;
+            for (int j = i; j < i + 4; j++) {
+                const uint32_t e = (uint32_t)exps[j < ne ? j : i]; /* a short last group repeats one */
+                for (uint32_t sgn = 0; sgn < 2; sgn++)
+                    for (uint32_t f = 0; f < (1u << 23); f++)
+                        vals[m++] = (sgn << 31) | (e << 23) | f;
+            }
+            if (!rig_run(&g, vals, codes))
+                break;
+            for (size_t k = 0; k < n; k++) {
+                const uint8_t want = lmk_f32_to_f8e4m3(from_bits(vals[k]));
+                if (codes[k] != want && bad++ < 8)
+                    CHECK(0, "cuda:%d f32 -> f8 cache: 0x%08x (%a) stored 0x%02x, lmk_f32_to_f8e4m3 gives 0x%02x",
+                          ordinal, vals[k], (double)from_bits(vals[k]), codes[k], want);
+            }
+            done += (long long)n;
+        }
+        CHECK(bad == 0, "cuda:%d: the f32 kernel's f8 cache write on %lld inputs%s: %lld differ from "
+              "lmk_f32_to_f8e4m3", ordinal, done, full ? " (every f32 pattern)" : "", bad);
+    }
+    rig_free(&g);
+    bad = 0;
+    if (rig_open(&g, ordinal, LMK_BF16)) {
+        uint16_t *h = (uint16_t *)vals;
+        for (size_t k = 0; k < n; k++)
+            h[k] = (uint16_t)k; /* every bf16 pattern, 1024 times over */
+        if (rig_run(&g, h, codes))
+            for (size_t k = 0; k < 65536; k++) {
+                const uint8_t want = lmk_f32_to_f8e4m3(from_bits((uint32_t)h[k] << 16));
+                if (codes[k] != want && bad++ < 8)
+                    CHECK(0, "cuda:%d bf16 -> f8 cache: 0x%04x stored 0x%02x, lmk_f32_to_f8e4m3 gives 0x%02x",
+                          ordinal, h[k], codes[k], want);
+            }
+        CHECK(bad == 0, "cuda:%d: the bf16 kernel's f8 cache write on every bf16 pattern: %lld differ", ordinal,
+              bad);
+    }
+    rig_free(&g);
+    free(vals);
+    free(codes);
+}
+
 int main(void)
 {
     int widen_bad = 0;
@@ -127,5 +280,11 @@ int main(void)
         check_one(from_bits((uint32_t)x));
     }
     CHECK(n_bad == 0, "a million random f32 bit patterns: %d wrong", n_bad);
+
+    const int n_gpu = lmk_device_count(LMK_BACKEND_CUDA);
+    if (n_gpu <= 0)
+        SKIP("the CUDA f8 cache write against lmk_f32_to_f8e4m3: no usable GPU");
+    for (int d = 0; d < n_gpu; d++)
+        check_gpu(d);
     return harness_summary();
 }

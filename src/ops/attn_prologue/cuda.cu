@@ -29,13 +29,15 @@
  * pairs out_a = fma(a, c, -b*s), out_b = fma(a, s, b*c) with (c, s) = (cos, sin)(theta) * m, the
  * formula and the sin/cos evaluation of rope's kernels (src/ops/rope/cuda.cu). The angle factor is
  * lmk_rope_freq's float64 value from the host, where rope's v10 kernels evaluate exp2 on the
- * device: without a norm the two ops agree within an ulp of the angle, not bit for bit. Outputs: q_out and k_out in the input dtype, two elements
- * per conversion instruction (nearest even; a unit holding a NaN is built again with lmk's own
- * narrowing, which keeps the NaN quiet with its sign); caches in the input dtype or f8e4m3 from the
- * f32 value as x / scale (__fdiv_rn; a power-of-two scale multiplies by its exact reciprocal, which
- * rounds identically), a NaN passed unscaled so that its sign survives (lmk_f8e4m3_from_f32_bits,
- * the host's own rounding), VE codes per store. Paths with and without a norm and with and without
- * an f8 cache are separate code, chosen once per row.
+ * device: without a norm the two ops agree within an ulp of the angle, not bit for bit. Outputs:
+ * q_out and k_out in the input dtype, two elements per conversion instruction (nearest even; a unit
+ * holding a NaN is built again, out of line, with lmk's own narrowing, which keeps the NaN quiet
+ * with its sign); caches in the input dtype or f8e4m3 from the f32 value as x / scale (__fdiv_rn;
+ * a power-of-two scale multiplies by its exact reciprocal, which rounds identically), two codes
+ * per cvt.rn.satfinite.e4m3x2.f32 on sm_89 and later (the same codes as lmk_f8e4m3_from_f32_bits,
+ * the host's rounding, on every f32 input: test_f8), a pair holding a NaN through
+ * lmk_f8e4m3_from_f32_bits unscaled so that its sign survives, VE codes per store. Paths with and
+ * without a norm and with and without an f8 cache are separate code, chosen once per row.
  *
  * Blocks. A block takes a tile of tokens and a group of rows of each (q rows, then k, then v), one
  * row per team (plan_launch). Each lane first issues the loads of its items; then the block fills
@@ -174,10 +176,41 @@ struct Dst {
 
 /* lmk.h: stored = lmk_f32_to_f8e4m3(x / scale). A NaN goes in unscaled: GPU arithmetic returns the
  * canonical (positive) NaN, the host's keeps the operand's sign. */
+__device__ __forceinline__ float f8_scaled(float x, const Cache &c)
+{
+    return c.pow2 ? x * c.inv : __fdiv_rn(x, c.scale);
+}
+
 __device__ __forceinline__ uint32_t f8_code(float x, const Cache &c)
 {
-    const float y = c.pow2 ? x * c.inv : __fdiv_rn(x, c.scale);
-    return lmk_f8e4m3_from_f32_bits(x != x ? __float_as_uint(x) : __float_as_uint(y));
+    return lmk_f8e4m3_from_f32_bits(x != x ? __float_as_uint(x) : __float_as_uint(f8_scaled(x, c)));
+}
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 890
+/* The codes of x0 (low byte) and x1 (next byte) by lmk_f8e4m3_from_f32_bits, out of line: f8_pair's
+ * path for a pair holding a NaN. */
+__device__ __noinline__ uint32_t f8_pair_soft(float x0, float x1, const Cache &c)
+{
+    return f8_code(x0, c) | (f8_code(x1, c) << 8);
+}
+#endif
+
+/* The codes of x0 and x1. On sm_89 and later, cvt.rn.satfinite.e4m3x2.f32 converts both in one
+ * instruction, nearest even, saturating to +-448 (infinities included) as lmk.h's rounding does;
+ * its NaN is unsigned, so a pair holding a NaN takes the integer code. Test: test_f8 compares the
+ * cache write with lmk_f32_to_f8e4m3 on every f32 input whose code is not trivially 0 or +-448. */
+__device__ __forceinline__ uint32_t f8_pair(float x0, float x1, const Cache &c)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    if (x0 == x0 && x1 == x1) {
+        unsigned short r;
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(f8_scaled(x1, c)), "f"(f8_scaled(x0, c)));
+        return r;
+    }
+    return f8_pair_soft(x0, x1, c);
+#else
+    return f8_code(x0, c) | (f8_code(x1, c) << 8);
+#endif
 }
 
 /* One output unit, built two elements at a time so that few values are live at once: the words in
@@ -214,10 +247,12 @@ __device__ __forceinline__ void acc2(const ApParams &p, const Dst &d, Acc<DT, VE
     }
     if constexpr (F8) {
         const Cache &c = p.cache[d.ci];
-        uint32_t q = f8_code(x0, c) << (8 * (e & 3));
-        if constexpr (VE > 1)
-            q |= f8_code(x1, c) << (8 * ((e + 1) & 3));
-        o.q.w[e >> 2] = (e & 3) ? o.q.w[e >> 2] | q : q;
+        if constexpr (VE == 1) {
+            o.q.w[0] = f8_pair(x0, x0, c) & 0xffu;
+        } else {
+            const uint32_t q = f8_pair(x0, x1, c) << (8 * (e & 3)); /* e even: both codes in one word */
+            o.q.w[e >> 2] = (e & 3) ? o.q.w[e >> 2] | q : q;
+        }
     }
 }
 
@@ -447,6 +482,34 @@ __device__ __forceinline__ void rotate_il(const ApParams &p, const Dst &d, const
     }
 }
 
+/* The redo of a unit that held a NaN (lmk's own narrowing, EXACT), out of line so that the code
+ * every unit runs stays small (at decode every instruction is fetched cold). Everything goes by
+ * value: an address of a local passed to a call would put that local in memory on every path. */
+template <int DT, int VE> struct AccPair {
+    Acc<DT, VE> a, b;
+};
+
+template <int DT, int VE, bool F8, bool W>
+__device__ __noinline__ Acc<DT, VE> rotate_il_exact(const ApParams &p, const Dst d, const float *w, float rn,
+                                                    const float2 *cs, uint32_t item, uint32_t off,
+                                                    const Raw<VE * Elem<DT>::size> a)
+{
+    Acc<DT, VE> o{};
+    rotate_il<DT, VE, F8, W, true>(p, d, w, rn, cs, item, off, a, o);
+    return o;
+}
+
+template <int DT, int VE, bool F8, bool W>
+__device__ __noinline__ AccPair<DT, VE> rotate_half_exact(const ApParams &p, const Dst d, const float *w, float rn,
+                                                          const float2 *cs, uint32_t item, uint32_t off,
+                                                          const Raw<VE * Elem<DT>::size> a,
+                                                          const Raw<VE * Elem<DT>::size> b)
+{
+    AccPair<DT, VE> o{};
+    rotate_half<DT, VE, F8, W, true>(p, d, w, rn, cs, item, off, a, b, o.a, o.b);
+    return o;
+}
+
 /* A pair item (element off = item * ustep): rotates and stores. */
 template <int DT, int VE, bool F8, bool W>
 __device__ __forceinline__ void emit_pair(const ApParams &p, const Dst &d, const float *w, float rn, const float2 *cs,
@@ -459,15 +522,17 @@ __device__ __forceinline__ void emit_pair(const ApParams &p, const Dst &d, const
             Acc<DT, VE> o{};
             rotate_il<DT, VE, F8, W, false>(p, d, w, rn, cs, item, off, a, o);
             if (redo(o))
-                rotate_il<DT, VE, F8, W, true>(p, d, w, rn, cs, item, off, a, o);
+                o = rotate_il_exact<DT, VE, F8, W>(p, d, w, rn, cs, item, off, a);
             put<DT, VE, F8>(d, off, o);
             return;
         }
     }
     Acc<DT, VE> oa{}, ob{};
     rotate_half<DT, VE, F8, W, false>(p, d, w, rn, cs, item, off, a, b, oa, ob);
-    if (redo(oa) || redo(ob))
-        rotate_half<DT, VE, F8, W, true>(p, d, w, rn, cs, item, off, a, b, oa, ob);
+    if (redo(oa) || redo(ob)) {
+        const AccPair<DT, VE> o = rotate_half_exact<DT, VE, F8, W>(p, d, w, rn, cs, item, off, a, b);
+        oa = o.a, ob = o.b;
+    }
     put<DT, VE, F8>(d, off, oa);
     put<DT, VE, F8>(d, off + p.pstride, ob);
 }
@@ -485,13 +550,22 @@ __device__ __forceinline__ void norm_unit(const ApParams &p, const Dst &d, const
 }
 
 template <int DT, int VE, bool F8>
+__device__ __noinline__ Acc<DT, VE> norm_unit_exact(const ApParams &p, const Dst d, const float *w, float rn,
+                                                    uint32_t off, const Raw<VE * Elem<DT>::size> a)
+{
+    Acc<DT, VE> o{};
+    norm_unit<DT, VE, F8, true>(p, d, w, rn, off, a, o);
+    return o;
+}
+
+template <int DT, int VE, bool F8>
 __device__ __forceinline__ void emit_norm(const ApParams &p, const Dst &d, const float *w, float rn, uint32_t off,
                                           const Raw<VE * Elem<DT>::size> &a)
 {
     Acc<DT, VE> o{};
     norm_unit<DT, VE, F8, false>(p, d, w, rn, off, a, o);
     if (redo(o))
-        norm_unit<DT, VE, F8, true>(p, d, w, rn, off, a, o);
+        o = norm_unit_exact<DT, VE, F8>(p, d, w, rn, off, a);
     put<DT, VE, F8>(d, off, o);
 }
 
@@ -532,7 +606,8 @@ __device__ __forceinline__ Dst dst_of(const ApParams &p, const Shared &sh, int k
     return d;
 }
 
-/* The outputs of the items base + u*L (u < U) of a row. */
+/* The outputs of the items base + u*L (u < U) of a row. (A loop over u instead of U unrolled
+ * copies cut the f8 cases by 3-12% and cost the bf16-cache prompts 1-1.5%: run 18.) */
 template <int DT, int VE, int U, bool F8, bool W>
 __device__ __forceinline__ void emit_items(const ApParams &p, const Kind &g, const Dst &d, const float *w, float rn,
                                            const float2 *cs, uint32_t base, uint32_t L,
