@@ -50,8 +50,8 @@
  *     twice: Nsight Compute showed it issue-bound, with 43-47% more instructions than lmk 0.1's
  *     kernel). A tile of tokens has pair blocks (threads: pair unit x row x token lane; they form
  *     the tile's angles while their loads are in flight, then rotate) and copy blocks (threads:
- *     copy unit x row x token lane; no angles, no barrier), kTB tokens loaded before any is
- *     stored. plan_rows.
+ *     copy unit x row x token lane; no angles, no barrier), kTB (pairs) or kCopyTB tokens loaded
+ *     before any is stored. plan_rows.
  *   rope_pairs_kernel (prefill without copy items: in place, or rope_dim == head_dim): version
  *     10's kernel, items (token, row, unit) dealt to the threads kPairBatch at a time, unit fastest.
  *     Whole rows per warp and one angle per (token, pair) per block; it stayed faster than the rows
@@ -86,12 +86,14 @@
 namespace {
 
 /* The prefill kernel with copy items (rope_rows_kernel): threads a block has at most, the tokens a
- * thread loads before it stores any (kTB units of a copy item, 2 * kTB of a pair item: 64 or 128
- * bytes in flight a thread), the angles a thread may form (kAngles: the block's critical path runs
- * while the loads are in flight; a second angle pays where rows are few, K alone: run 12), and
- * the most (token, pair) angles a tile holds (16 KB of shared memory). */
+ * thread loads before it stores any (kTB of a pair item: 2 * kTB units, 128 bytes in flight a
+ * thread; kCopyTB<ES> units of a copy item: 8 for 2-byte types, 4 for f32, run 17), the angles a
+ * thread may form (kAngles: the block's critical path runs while the loads are in flight; a second
+ * angle pays where rows are few, K alone: run 12), and the most (token, pair) angles a tile holds
+ * (16 KB of shared memory). */
 constexpr uint32_t kRowThreads = 256;
 constexpr int kTB = 4;
+template <int ES> constexpr int kCopyTB = ES == 2 ? 8 : 4;
 constexpr uint32_t kAngles = 2;
 constexpr uint32_t kTileAngles = 2048;
 /* The prefill kernel without copy items (rope_pairs_kernel: in place, or rope_dim == head_dim):
@@ -415,8 +417,8 @@ __device__ __forceinline__ void pair_block(const RopeParams &p, uint64_t t0, uin
 }
 
 /* A copy block: thread (x, y, z) moves copy units x, x + c_bx, ... of copied row crow0 + c * c_by
- * + y, tokens z, z + c_tz, ..., kTB loads before their stores. No angles, no barrier. */
-template <int NB>
+ * + y, tokens z, z + c_tz, ..., CTB loads before their stores. No angles, no barrier. */
+template <int NB, int CTB>
 __device__ __forceinline__ void copy_block(const Geom &g, const RowsPlan &rp, uint64_t t0, uint32_t tt, uint32_t c)
 {
     const uint32_t tid = threadIdx.x;
@@ -429,14 +431,14 @@ __device__ __forceinline__ void copy_block(const Geom &g, const RowsPlan &rp, ui
         const uint32_t off = (x < g.nc1 ? g.c1_b : g.c2_b) + x * NB;
         const unsigned char *src = rr.in + off;
         unsigned char *dst = rr.out + off;
-        for (uint32_t tl = z; tl < tt; tl += kTB * rp.c_tz) {
-            Raw<NB> v[kTB];
+        for (uint32_t tl = z; tl < tt; tl += CTB * rp.c_tz) {
+            Raw<NB> v[CTB];
 #pragma unroll
-            for (int b = 0; b < kTB; b++)
+            for (int b = 0; b < CTB; b++)
                 if (tl + b * rp.c_tz < tt)
                     v[b] = load<NB>(src + (t0 + tl + b * rp.c_tz) * rr.it);
 #pragma unroll
-            for (int b = 0; b < kTB; b++)
+            for (int b = 0; b < CTB; b++)
                 if (tl + b * rp.c_tz < tt)
                     store<NB>(dst + (t0 + tl + b * rp.c_tz) * rr.ot, v[b]);
         }
@@ -462,7 +464,7 @@ __global__ void __launch_bounds__(kRowThreads, 3) rope_rows_kernel(const __grid_
     if (group < rp.pg)
         pair_block<DT, VE, IL>(p, t0, tt, group, s_cs);
     else
-        copy_block<VE * Elem<DT>::size>(p.g, rp, t0, tt, group - rp.pg);
+        copy_block<VE * Elem<DT>::size, kCopyTB<Elem<DT>::size>>(p.g, rp, t0, tt, group - rp.pg);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -885,8 +887,8 @@ void plan_row_pairs(const Geom &g, uint64_t seq, RowsPlan *rp, uint64_t *pg)
 
 /* The plan of rope_rows_kernel: pair blocks (plan_row_pairs), then copy blocks: threads (copy unit,
  * row, token lane), c_bx at most kRowThreads (wider rows loop over units), over the tile's tokens
- * in batches of kTB. The block has the larger of the two thread counts. Both kinds read and write
- * units of consecutive memory across a warp (units of a row, then the next row). */
+ * in batches of kCopyTB. The block has the larger of the two thread counts. Both kinds read and
+ * write units of consecutive memory across a warp (units of a row, then the next row). */
 void plan_rows(const Geom &g, uint64_t seq, RowsPlan *rp, LaunchPlan *L)
 {
     uint64_t pg, cg = 0;
