@@ -16,7 +16,8 @@
  *     that a team's lanes read contiguous units in both of their loads. v rows are copy items only.
  * A team of L lanes (a power of two <= 32) owns a row: lane l holds items l and l + L (16-byte
  * units, U = 2: 64 bytes in flight) or l, l + L, l + 2L, l + 3L (one-element units, U = 4) as raw
- * words in registers (plan_team). Lanes exchange nothing but the sum of squares (a butterfly of
+ * words in registers (plan_team; a decode call of a 2-byte type takes a lane per item, so that
+ * l + L is past the row and each warp's instruction stream is halved). Lanes exchange nothing but the sum of squares (a butterfly of
  * shuffles within the team), so every element is read and written by one lane: in place (out ==
  * in) is safe by construction, and copies without a norm are the input's raw words, bit-exact (NaN
  * payloads included). A row longer than L*U items (head_dim > 2048 bf16 or 1024 f32 with 16-byte
@@ -195,6 +196,19 @@ __device__ __noinline__ uint32_t f8_pair_soft(float x0, float x1, const Cache &c
 }
 #endif
 
+/* The codes of x0 and x1 when neither is a NaN (a NaN's code is unspecified here: the caller
+ * rebuilds such a pair with f8_pair). */
+__device__ __forceinline__ uint32_t f8_pair_fast(float x0, float x1, const Cache &c)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(f8_scaled(x1, c)), "f"(f8_scaled(x0, c)));
+    return r;
+#else
+    return f8_code(x0, c) | (f8_code(x1, c) << 8);
+#endif
+}
+
 /* The codes of x0 and x1. On sm_89 and later, cvt.rn.satfinite.e4m3x2.f32 converts both in one
  * instruction, nearest even, saturating to +-448 (infinities included) as lmk.h's rounding does;
  * its NaN is unsigned, so a pair holding a NaN takes the integer code. Test: test_f8 compares the
@@ -222,10 +236,11 @@ template <int DT, int VE> struct Acc {
     bool nan;
 };
 
-/* Whether a unit built without EXACT must be built again (2-byte types with a NaN). */
-template <int DT, int VE> __device__ __forceinline__ bool redo(const Acc<DT, VE> &o)
+/* Whether a unit built without EXACT must be built again: it held a NaN, and a 2-byte output or an
+ * f8 code went through a hardware conversion (whose NaN has no sign). */
+template <int DT, int VE, bool F8> __device__ __forceinline__ bool redo(const Acc<DT, VE> &o)
 {
-    return Elem<DT>::size == 2 && VE > 1 && o.nan;
+    return (Elem<DT>::size == 2 || F8) && VE > 1 && o.nan;
 }
 
 /* Puts values x0, x1 at elements e, e + 1 (e even; x1 ignored when VE == 1). F8: the row's cache is
@@ -250,8 +265,12 @@ __device__ __forceinline__ void acc2(const ApParams &p, const Dst &d, Acc<DT, VE
         if constexpr (VE == 1) {
             o.q.w[0] = f8_pair(x0, x0, c) & 0xffu;
         } else {
-            const uint32_t q = f8_pair(x0, x1, c) << (8 * (e & 3)); /* e even: both codes in one word */
-            o.q.w[e >> 2] = (e & 3) ? o.q.w[e >> 2] | q : q;
+            /* without EXACT the pair's NaN test is the one above (2-byte types) or here (f32), and
+             * a NaN rebuilds the unit with EXACT, where f8_pair takes the integer code */
+            if constexpr (Elem<DT>::size == 4 && !EXACT)
+                o.nan = o.nan || !(x0 == x0 && x1 == x1);
+            const uint32_t q = (EXACT ? f8_pair(x0, x1, c) : f8_pair_fast(x0, x1, c)) << (8 * (e & 3));
+            o.q.w[e >> 2] = (e & 3) ? o.q.w[e >> 2] | q : q; /* e even: both codes in one word */
         }
     }
 }
@@ -270,6 +289,17 @@ template <int DT, int VE, bool F8> __device__ __forceinline__ void put(const Dst
     }
 }
 
+/* The f8 codes of a raw unit holding a NaN (out of line, as the other EXACT rebuilds below). */
+template <int DT, int VE>
+__device__ __noinline__ Acc<DT, VE> raw_codes_exact(const ApParams &p, const Dst d, const Raw<VE * Elem<DT>::size> r)
+{
+    Acc<DT, VE> o{};
+#pragma unroll
+    for (int e = 0; e < VE; e += 2)
+        acc2<DT, VE, true, true>(p, d, o, e, elem<DT, VE>(r, e), VE > 1 ? elem<DT, VE>(r, e + 1 < VE ? e + 1 : e) : 0.0f);
+    return o;
+}
+
 /* The same for a unit copied without a norm: the input's own words (bit-exact), or f8 codes of its
  * values. */
 template <int DT, int VE, bool F8>
@@ -282,9 +312,11 @@ __device__ __forceinline__ void put_raw(const ApParams &p, const Dst &d, uint32_
         if (d.cache) {
             Acc<DT, VE> o{};
 #pragma unroll
-            for (int e = 0; e < VE; e += 2) /* only the f8 codes are used: no redo */
+            for (int e = 0; e < VE; e += 2) /* only the f8 codes are used */
                 acc2<DT, VE, true, false>(p, d, o, e, elem<DT, VE>(r, e),
                                           VE > 1 ? elem<DT, VE>(r, e + 1 < VE ? e + 1 : e) : 0.0f);
+            if (redo<DT, VE, true>(o))
+                o = raw_codes_exact<DT, VE>(p, d, r);
             store<VE>(d.cache + off, o.q);
         }
     } else if (d.cache) {
@@ -521,7 +553,7 @@ __device__ __forceinline__ void emit_pair(const ApParams &p, const Dst &d, const
         if (p.il) {
             Acc<DT, VE> o{};
             rotate_il<DT, VE, F8, W, false>(p, d, w, rn, cs, item, off, a, o);
-            if (redo(o))
+            if (redo<DT, VE, F8>(o))
                 o = rotate_il_exact<DT, VE, F8, W>(p, d, w, rn, cs, item, off, a);
             put<DT, VE, F8>(d, off, o);
             return;
@@ -529,7 +561,7 @@ __device__ __forceinline__ void emit_pair(const ApParams &p, const Dst &d, const
     }
     Acc<DT, VE> oa{}, ob{};
     rotate_half<DT, VE, F8, W, false>(p, d, w, rn, cs, item, off, a, b, oa, ob);
-    if (redo(oa) || redo(ob)) {
+    if (redo<DT, VE, F8>(oa) || redo<DT, VE, F8>(ob)) {
         const AccPair<DT, VE> o = rotate_half_exact<DT, VE, F8, W>(p, d, w, rn, cs, item, off, a, b);
         oa = o.a, ob = o.b;
     }
@@ -564,7 +596,7 @@ __device__ __forceinline__ void emit_norm(const ApParams &p, const Dst &d, const
 {
     Acc<DT, VE> o{};
     norm_unit<DT, VE, F8, false>(p, d, w, rn, off, a, o);
-    if (redo(o))
+    if (redo<DT, VE, F8>(o))
         o = norm_unit_exact<DT, VE, F8>(p, d, w, rn, off, a);
     put<DT, VE, F8>(d, off, o);
 }
@@ -891,11 +923,18 @@ void plan_kinds(const lmk_attn_prologue_args *a, uint32_t ve, ApParams *p)
 }
 
 /* Lanes per team: the fewest (a power of two, up to 32) whose U items each cover the widest row;
- * rows beyond 32 * U items go in chunks. */
-void plan_team(ApParams *p, uint32_t u, bool *chunk)
+ * rows beyond 32 * U items go in chunks. A small call of a 2-byte type (its rows at U items a lane
+ * fill at most two 256-thread blocks per SM: decode) takes a lane per item instead: each warp runs
+ * about half the instructions, and at T = 1 a warp's serial instruction stream is most of the
+ * call. Run 19: Qwen3-8B T=1 bf16 3.45 -> 3.23 us, with an f8 cache 5.43 -> 4.10; f32 lost
+ * (3.14 -> 3.35 us), so f32 keeps U items a lane. */
+void plan_team(ApParams *p, uint32_t u, uint64_t seq, int sm_count, bool two_byte, bool *chunk)
 {
     const uint32_t items = p->kind[0].items > p->kind[1].items ? p->kind[0].items : p->kind[1].items;
     uint32_t L = pow2_ceil(ceil_div(items, u));
+    const uint64_t sms = (uint64_t)(sm_count > 0 ? sm_count : 1);
+    if (two_byte && items <= 32 && seq * p->rows * L <= 2 * sms * kThreads)
+        L = pow2_ceil(items);
     L = L > 32 ? 32 : L;
     *chunk = (uint64_t)L * u < items;
     uint32_t lg = 0;
@@ -1063,7 +1102,8 @@ lmk_status lmk_cuda_attn_prologue(lmk_stream *s, const void *args)
     const uint32_t ve = plan_units(a);
     plan_kinds(a, ve, &p);
     bool chunk;
-    plan_team(&p, ve == 1 ? (r->dtype == LMK_F32 ? kItems<4> : kItems<2>) : kItems<16>, &chunk);
+    plan_team(&p, ve == 1 ? (r->dtype == LMK_F32 ? kItems<4> : kItems<2>) : kItems<16>, r->seq_len, d->sm_count,
+              r->dtype != LMK_F32, &chunk);
     plan_angles(&r->angle, &p.a);
     p.pl.seq = r->seq_len;
     LaunchPlan L;
