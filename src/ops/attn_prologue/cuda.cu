@@ -43,7 +43,8 @@
  * Blocks. A block takes a tile of tokens and a group of rows of each (q rows, then k, then v), one
  * row per team (plan_launch). Each lane first issues the loads of its items; then the block fills
  * shared memory with what its rows share: the (cos, sin) of each (token, pair) of the tile (one
- * angle per thread), the norm weights as f32 (w + weight_offset), the tile's slots; one barrier;
+ * angle per thread), the norm weights as f32 (w + weight_offset), the tile's slots (at decode with
+ * every load issued first: fill_shared_batched); one barrier;
  * then the team's sum of squares, the outputs. Angles: the host tabulates each pair's position axis
  * and angle factor (rope_common.h's lmk_rope_axis_j and lmk_rope_freq with ff = 1, float64) and
  * passes the table in the kernel parameters (rope's v8 scheme); the device divides by
