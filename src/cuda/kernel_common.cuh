@@ -187,6 +187,28 @@ __device__ __forceinline__ void pdl_enter()
 #endif
 }
 
+/* A block's place in a grid of n_blocks = tiles * groups blocks (1-D, or 2-D past 2^31 - 1 blocks):
+ * its group, its tile's first token t0 and the tile's tokens tt (the last tile may be short). */
+struct TileGroup {
+    uint64_t t0;
+    uint32_t tt, group;
+};
+
+/* False for a block past n_blocks (the 2-D grid's last row). The division is 32-bit when the
+ * block index fits. */
+__device__ __forceinline__ bool tile_group(uint64_t n_blocks, uint32_t groups, uint32_t tile, uint64_t seq,
+                                           TileGroup *tg)
+{
+    const uint64_t blk = (uint64_t)blockIdx.y * gridDim.x + blockIdx.x;
+    if (blk >= n_blocks)
+        return false;
+    const uint64_t t = blk >> 32 ? blk / groups : (uint32_t)blk / groups;
+    tg->group = (uint32_t)(blk - t * groups);
+    tg->t0 = t * tile;
+    tg->tt = (uint32_t)min((uint64_t)tile, seq - tg->t0);
+    return true;
+}
+
 /* One launch of kernel(p), with the programmatic serialization attribute when pdl. Inside a stream
  * capture the attribute becomes a programmatic edge between kernel nodes: one node per launch and
  * the same ordering at replay. */

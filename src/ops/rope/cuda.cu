@@ -453,18 +453,14 @@ __global__ void __launch_bounds__(kRowThreads, 3) rope_rows_kernel(const __grid_
 {
     extern __shared__ __align__(16) float2 s_cs[];
     const RowsPlan &rp = p.rp;
-    const uint64_t blk = (uint64_t)blockIdx.y * gridDim.x + blockIdx.x;
-    if (blk >= rp.n_blocks)
+    TileGroup b;
+    if (!tile_group(rp.n_blocks, rp.groups, rp.tile, rp.seq, &b))
         return;
-    const uint64_t tile = blk >> 32 ? blk / rp.groups : (uint32_t)blk / rp.groups; /* 32-bit divide if it fits */
-    const uint32_t group = (uint32_t)(blk - tile * rp.groups);
-    const uint64_t t0 = tile * rp.tile;
-    const uint32_t tt = (uint32_t)min((uint64_t)rp.tile, rp.seq - t0);
     pdl_enter();
-    if (group < rp.pg)
-        pair_block<DT, VE, IL>(p, t0, tt, group, s_cs);
+    if (b.group < rp.pg)
+        pair_block<DT, VE, IL>(p, b.t0, b.tt, b.group, s_cs);
     else
-        copy_block<VE * Elem<DT>::size, kCopyTB<Elem<DT>::size>>(p.g, rp, t0, tt, group - rp.pg);
+        copy_block<VE * Elem<DT>::size, kCopyTB<Elem<DT>::size>>(p.g, rp, b.t0, b.tt, b.group - rp.pg);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -532,14 +528,11 @@ __global__ void __launch_bounds__(kPairThreads, 3) rope_pairs_kernel(const __gri
     extern __shared__ __align__(16) float2 s_cs[];
     const Geom &g = p.g;
     const PairsPlan &pp = p.pp;
-    const uint64_t blk = (uint64_t)blockIdx.y * gridDim.x + blockIdx.x;
-    if (blk >= pp.n_blocks)
+    TileGroup b;
+    if (!tile_group(pp.n_blocks, pp.groups, pp.tile_tokens, pp.seq, &b))
         return;
-    const uint64_t tile = blk >> 32 ? blk / pp.groups : (uint32_t)blk / pp.groups; /* 32-bit divide if it fits */
-    const uint32_t group = (uint32_t)(blk - tile * pp.groups);
-    const uint64_t t0 = tile * pp.tile_tokens;
-    const uint32_t tt = (uint32_t)min((uint64_t)pp.tile_tokens, pp.seq - t0);
-    const uint32_t r_lo = group * pp.rows_per_group;
+    const uint64_t t0 = b.t0;
+    const uint32_t tt = b.tt, r_lo = b.group * pp.rows_per_group;
     const uint32_t nr = min(pp.rows_per_group, g.rows - r_lo);
     const uint32_t n_items = tt * nr * g.npu;
     pdl_enter();
