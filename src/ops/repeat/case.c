@@ -94,6 +94,13 @@ static const row k_rows[] = {
     {{HEADS(BLOCK), .seq = 4106, .hg = 8, .h = 32, .k = 128, .src = LLAMA_K}, D(LMK_BF16), TST_CASE_FULL,
      "Llama-3.1-8B prompt (HF repeat_kv)"},
     {{HEADS(BLOCK), .seq = 20, .hg = 4, .h = 28, .k = 128}, D(LMK_BF16), 0, "Qwen2-VL-7B (HF repeat_kv)"},
+    /* 4.3 MB out of a strided source: the CPU's streaming stores, and memcpy when unaligned */
+    {{HEADS(BLOCK), .seq = 520, .hg = 8, .h = 32, .k = 128, .src = LLAMA_K}, D(LMK_BF16), 0,
+     "Llama-3.1-8B prompt (HF repeat_kv)"},
+    {{HEADS(BLOCK), .seq = 520, .hg = 8, .h = 32, .k = 128, .offset = 1, .src = LLAMA_K}, D(LMK_BF16), 0,
+     "Llama-3.1-8B prompt (HF repeat_kv), unaligned"},
+    {{HEADS(TILED), .seq = 260, .hg = 16, .h = 48, .k = 128, .src = GDN_Q}, D(LMK_BF16), 0,
+     "Qwen3.5/3.6-27B GDN prompt"},
     /* lmk_repeat_heads, tiled: the Gated DeltaNet q read out of the convolution's q|k|v output */
     {{HEADS(TILED), .seq = 1, .hg = 16, .h = 48, .k = 128, .src = GDN_Q}, D(LMK_F32) | D(LMK_BF16), 0,
      "Qwen3.5/3.6-27B GDN decode"},
@@ -194,18 +201,24 @@ static void repeat_random_case(tst_rng *r, tst_case *c)
     set_case(c, &rc, 0, "random");
 }
 
+/* lmk_repeat_tiled on the Gated DeltaNet shapes (lmk 0.1's cases), then lmk_repeat_heads reading
+ * its source out of a projection: Hugging Face's repeat_kv (block) on Llama-3.1-8B's k inside the
+ * packed QKV, and the tiled broadcast of Qwen3.5's GDN q inside the convolution's q|k|v output.
+ * Each has a row in k_rows at check sizes. */
 static int repeat_bench_cases(uint32_t T, lmk_dtype dtype, bool longest, tst_case *out, int max)
 {
     (void)longest;
-    static const struct {
-        uint32_t h;
-        const char *model;
-    } b[] = {{48, "Qwen3.5/3.6-27B GDN"}, {32, "Qwen3.5-4B/9B/35B-A3B GDN"}};
+    const repeat_case b[] = {
+        {TILED01, .seq = T, .hg = 16, .h = 48, .k = 128, .dtype = dtype},
+        {TILED01, .seq = T, .hg = 16, .h = 32, .k = 128, .dtype = dtype},
+        {HEADS(BLOCK), .seq = T, .hg = 8, .h = 32, .k = 128, .dtype = dtype, .src = LLAMA_K},
+        {HEADS(TILED), .seq = T, .hg = 16, .h = 48, .k = 128, .dtype = dtype, .src = GDN_Q},
+    };
+    static const char *const model[] = {"Qwen3.5/3.6-27B GDN", "Qwen3.5-4B/9B/35B-A3B GDN",
+                                        "Llama-3.1-8B (HF repeat_kv)", "Qwen3.5/3.6-27B GDN"};
     int n = 0;
-    for (size_t i = 0; i < sizeof b / sizeof b[0] && n < max; i++) {
-        const repeat_case rc = {TILED01, .seq = T, .hg = 16, .h = b[i].h, .k = 128, .dtype = dtype};
-        set_case(&out[n++], &rc, 0, b[i].model);
-    }
+    for (size_t i = 0; i < sizeof b / sizeof b[0] && n < max; i++)
+        set_case(&out[n++], &b[i], 0, model[i]);
     return n;
 }
 

@@ -2,7 +2,7 @@
  * cpu.c - the CPU fast path of repeat_heads (GQA head broadcast, tiled or block, strided).
  *
  * Dense operands take the block path below; strided ones copy one head row (k elements) at a time
- * through the strides, threads splitting the (token, head) rows.
+ * through the strides, threads splitting the (token, head) rows (rows_task).
  *
  * Dense tiled: dst[t, i, :] = src[t, i % hg, :] means the destination token t is its source token (hg*k
  * elements, `block` bytes) written h/hg times back to back. Dense block: dst[t, i, :] =
@@ -55,20 +55,46 @@ static void repeat_task(void *ctx, int tid, int n_threads)
         lmk_cpu_stream_fence();
 }
 
-/* Any layout: row r = (token, head) of dst is one memcpy of k elements from its source row. */
+/* Strided operands: row r = (token, head) of dst is one copy of k elements from its source row.
+ * A thread walks its rows with running indices (one division per thread, not two per row), and
+ * large outputs whose rows all start 16-byte aligned take streaming stores, as the dense path. */
+typedef struct rows_job {
+    const lmk_repeat_args *a;
+    int stream;
+} rows_job;
+
 static void rows_task(void *ctx, int tid, int n_threads)
 {
-    const lmk_repeat_args *a = ctx;
+    const rows_job *j = ctx;
+    const lmk_repeat_args *a = j->a;
     size_t lo, hi;
     lmk_cpu_share(a->seq * a->h, tid, n_threads, 1, &lo, &hi);
+    if (lo >= hi)
+        return;
     const size_t es = a->elem_size, row = a->k * es, per = a->h / a->hg;
-    const unsigned char *src = a->src;
-    unsigned char *dst = a->dst;
+    const size_t src_tok = a->src_tok * es, src_head = a->src_head * es;
+    const size_t dst_tok = a->dst_tok * es, dst_head = a->dst_head * es;
+    const bool block = a->layout == LMK_REPEAT_BLOCK;
+    size_t t = lo / a->h, i = lo % a->h;
+    size_t g = block ? i / per : i % a->hg, c = block ? i % per : 0; /* c: copies of g made so far */
     for (size_t r = lo; r < hi; r++) {
-        const size_t t = r / a->h, i = r % a->h;
-        const size_t g = a->layout == LMK_REPEAT_BLOCK ? i / per : i % a->hg;
-        memcpy(dst + (t * a->dst_tok + i * a->dst_head) * es, src + (t * a->src_tok + g * a->src_head) * es, row);
+        unsigned char *d = a->dst + t * dst_tok + i * dst_head;
+        const unsigned char *src = a->src + t * src_tok + g * src_head;
+        if (j->stream)
+            lmk_cpu_stream_copy(d, src, row);
+        else
+            memcpy(d, src, row);
+        if (++i == a->h) {
+            i = 0, g = 0, c = 0, t++;
+        } else if (block) {
+            if (++c == per)
+                c = 0, g++;
+        } else if (++g == a->hg) {
+            g = 0;
+        }
     }
+    if (j->stream)
+        lmk_cpu_stream_fence();
 }
 
 /* Whether every stride that is used (axes longer than 1) is the dense row-major one. */
@@ -82,7 +108,11 @@ lmk_status lmk_cpu_repeat(lmk_stream *s, const void *args)
 {
     const lmk_repeat_args *a = args;
     if (!dense(a)) {
-        lmk_cpu_parallel(s, a->seq * (a->h + a->hg) * a->k * a->elem_size, rows_task, (void *)a);
+        const size_t es = a->elem_size, out = a->seq * a->h * a->k * es;
+        const bool aligned = (uintptr_t)a->dst % 16 == 0 && (a->k * es) % 16 == 0 &&
+                             (a->seq == 1 || (a->dst_tok * es) % 16 == 0) && (a->h == 1 || (a->dst_head * es) % 16 == 0);
+        rows_job rj = {.a = a, .stream = out >= LMK_CPU_STREAM_MIN_BYTES && aligned};
+        lmk_cpu_parallel(s, out + a->seq * a->hg * a->k * es, rows_task, &rj);
         return LMK_OK;
     }
     /* Blocks of a token's hg*k elements whenever the layouts agree (tiled, or hg == h, or
