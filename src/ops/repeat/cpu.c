@@ -58,6 +58,10 @@ static void repeat_task(void *ctx, int tid, int n_threads)
 /* Strided operands: row r = (token, head) of dst is one copy of k elements from its source row.
  * A thread walks its rows with running indices (one division per thread, not two per row), and
  * large outputs whose rows all start 16-byte aligned take streaming stores, as the dense path. */
+/* Tokens ahead whose source rows a thread prefetches: a strided source (k inside a packed QKV)
+ * is a short run in every long row, which the hardware prefetchers follow poorly. */
+enum { kAhead = 2 };
+
 typedef struct rows_job {
     const lmk_repeat_args *a;
     int stream;
@@ -78,6 +82,10 @@ static void rows_task(void *ctx, int tid, int n_threads)
     size_t t = lo / a->h, i = lo % a->h;
     size_t g = block ? i / per : i % a->hg, c = block ? i % per : 0; /* c: copies of g made so far */
     for (size_t r = lo; r < hi; r++) {
+        if (i == 0 && t + kAhead < a->seq) /* a token's source rows, kAhead tokens early */
+            for (size_t h = 0; h < a->hg; h++)
+                for (size_t l = 0; l < row; l += 64)
+                    __builtin_prefetch(a->src + (t + kAhead) * src_tok + h * src_head + l, 0, 3);
         unsigned char *d = a->dst + t * dst_tok + i * dst_head;
         const unsigned char *src = a->src + t * src_tok + g * src_head;
         if (j->stream)
