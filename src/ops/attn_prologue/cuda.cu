@@ -17,13 +17,13 @@
  * A team of L lanes (a power of two <= 32) owns a row: lane l holds items l and l + L (16-byte
  * units, U = 2: 64 bytes in flight) or l, l + L, l + 2L, l + 3L (one-element units, U = 4) as raw
  * words in registers (plan_team; a decode call of a 2-byte type takes a lane per item, so that
- * l + L is past the row and each warp's instruction stream is halved). Lanes exchange nothing but the sum of squares (a butterfly of
- * shuffles within the team), so every element is read and written by one lane: in place (out ==
- * in) is safe by construction, and copies without a norm are the input's raw words, bit-exact (NaN
- * payloads included). A row longer than L*U items (head_dim > 2048 bf16 or 1024 f32 with 16-byte
- * units, > 256 with one-element units) is processed in chunks of L*U items, in two passes: the
- * sums of squares, then the chunks reloaded (the CHUNK instantiation; its loop costs registers the
- * others do not pay).
+ * l + L is past the row and each warp's instruction stream is halved). Lanes exchange nothing but
+ * the sum of squares (a butterfly of shuffles within the team), so every element is read and
+ * written by one lane: in place (out == in) is safe by construction, and copies without a norm are
+ * the input's raw words, bit-exact (NaN payloads included). A row longer than L*U items
+ * (head_dim > 2048 bf16 or 1024 f32 with 16-byte units, > 256 with one-element units) is processed
+ * in chunks of L*U items, in two passes: the sums of squares, then the chunks reloaded (the CHUNK
+ * instantiation; its loop costs registers the others do not pay).
  *
  * Per element, in f32 with no rounding between norm and rope (lmk.h): x = widen(in); with a norm,
  * x = x * r * (w + weight_offset), r = rsqrt(sum(x^2) / D + eps) from the team's f32 sum; rotated
@@ -213,8 +213,9 @@ __device__ __forceinline__ uint32_t f8_pair_fast(float x0, float x1, const Cache
 
 /* The codes of x0 and x1. On sm_89 and later, cvt.rn.satfinite.e4m3x2.f32 converts both in one
  * instruction, nearest even, saturating to +-448 (infinities included) as lmk.h's rounding does;
- * its NaN is unsigned, so a pair holding a NaN takes the integer code. Test: test_f8 compares the
- * cache write with lmk_f32_to_f8e4m3 on every f32 input whose code is not trivially 0 or +-448. */
+ * its NaN is unsigned, so a pair holding a NaN takes the integer code. test_f8 compares the cache
+ * write with lmk_f32_to_f8e4m3 on every f32 input (under LMK_TEST_QUICK, on the exponent fields
+ * where the codes change, zeros and subnormals, infinities and NaNs). */
 __device__ __forceinline__ uint32_t f8_pair(float x0, float x1, const Cache &c)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
@@ -298,7 +299,8 @@ __device__ __noinline__ Acc<DT, VE> raw_codes_exact(const ApParams &p, const Dst
     Acc<DT, VE> o{};
 #pragma unroll
     for (int e = 0; e < VE; e += 2)
-        acc2<DT, VE, true, true>(p, d, o, e, elem<DT, VE>(r, e), VE > 1 ? elem<DT, VE>(r, e + 1 < VE ? e + 1 : e) : 0.0f);
+        acc2<DT, VE, true, true>(p, d, o, e, elem<DT, VE>(r, e),
+                                 VE > 1 ? elem<DT, VE>(r, e + 1 < VE ? e + 1 : e) : 0.0f);
     return o;
 }
 
