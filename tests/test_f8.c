@@ -91,7 +91,6 @@ static void check_around(float f)
         check_one(from_bits(b + (uint32_t)d));
 }
 
-
 /* ---- the CUDA cache write against lmk_f32_to_f8e4m3 ---- */
 
 enum { G_T = 16384, G_DV = 4096, G_D = 8 }; /* one call converts G_T * G_DV = 2^26 values */

@@ -55,18 +55,18 @@ static void repeat_task(void *ctx, int tid, int n_threads)
         lmk_cpu_stream_fence();
 }
 
-/* Strided operands: row r = (token, head) of dst is one copy of k elements from its source row.
- * A thread walks its rows with running indices (one division per thread, not two per row), and
- * large outputs whose rows all start 16-byte aligned take streaming stores, as the dense path. */
 /* Tokens ahead whose source rows a thread prefetches: a strided source (k inside a packed QKV)
  * is a short run in every long row, which the hardware prefetchers follow poorly. */
 enum { kAhead = 2 };
 
 typedef struct rows_job {
     const lmk_repeat_args *a;
-    int stream;
+    int stream; /* streaming stores: the output is large and every destination row 16-byte aligned */
 } rows_job;
 
+/* Strided operands: row r = (token, head) of dst is one copy of k elements from its source row.
+ * A thread walks its rows with running indices (one division per thread, not two per row), and
+ * large outputs whose rows all start 16-byte aligned take streaming stores, as the dense path. */
 static void rows_task(void *ctx, int tid, int n_threads)
 {
     const rows_job *j = ctx;
@@ -118,7 +118,8 @@ lmk_status lmk_cpu_repeat(lmk_stream *s, const void *args)
     if (!dense(a)) {
         const size_t es = a->elem_size, out = a->seq * a->h * a->k * es;
         const bool aligned = (uintptr_t)a->dst % 16 == 0 && (a->k * es) % 16 == 0 &&
-                             (a->seq == 1 || (a->dst_tok * es) % 16 == 0) && (a->h == 1 || (a->dst_head * es) % 16 == 0);
+                             (a->seq == 1 || (a->dst_tok * es) % 16 == 0) &&
+                             (a->h == 1 || (a->dst_head * es) % 16 == 0);
         rows_job rj = {.a = a, .stream = out >= LMK_CPU_STREAM_MIN_BYTES && aligned};
         lmk_cpu_parallel(s, out + a->seq * a->hg * a->k * es, rows_task, &rj);
         return LMK_OK;
