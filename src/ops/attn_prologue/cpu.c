@@ -27,12 +27,12 @@
  * pairs than CHUNK take an element-wise path. docs/cpu_notes.md ("attn_prologue") has the
  * measurements.
  *
- * Angles: on the row path the token's thetas go into the row buffer (free between tokens, so no
- * stack grows) and lmk_cpu_sincos (src/cpu/sincos.c, lmk_rope's table code) evaluates them with
- * vector polynomials at the vector levels while every |theta| <= LMK_CPU_SINCOS_VECTOR_MAX, the
- * same rule as lmk_rope's, so at a given level both ops give a (token, pair) the same m*cos and
- * m*sin. The scalar level, angles beyond the bound and the element-wise path (no buffer) use
- * libm. On Qwen3-8B bf16, libm's cos/sin had been a third of a token's time (docs/cpu_notes.md).
+ * Angles: lmk_rope's own tables (src/ops/rope/rope_cpu.h: the factors, and lmk_cpu_sincos's
+ * vector polynomials while every |theta| <= LMK_CPU_SINCOS_VECTOR_MAX), so at a given level both
+ * ops give a (token, pair) the same m*cos and m*sin. On the row path the token's thetas go into the
+ * row buffer (free between tokens, so no stack grows); the element-wise path (no buffer), the
+ * scalar level and angles beyond the bound use libm. On Qwen3-8B bf16, libm's cos/sin had been a
+ * third of a token's time (docs/cpu_notes.md).
  *
  * Stack use is fixed: per-pair tables for CHUNK pairs (larger rope_dim is processed chunk by
  * chunk), norm factors for CHUNK rows at a time, and on the row path one row and one widened norm
@@ -42,6 +42,7 @@
 #include "cpu/cpu.h"
 #include "ops/attn_prologue/attn_prologue.h"
 #include "ops/rope/rope_common.h"
+#include "ops/rope/rope_cpu.h"
 
 #include <float.h>
 #include <math.h>
@@ -135,54 +136,18 @@ LMK_INLINE void st(const row_dest *d, size_t i, float v)
 
 /* ---- per-pair tables ---- */
 
-/* freq and axis of pairs [p0, p0 + n), and their max |freq|. */
+/* freq and axis of pairs [p0, p0 + n), and their max |freq|: lmk_rope's (rope_cpu.h). */
 static void fill_freqs(const lmk_rope_angle *g, ap_table *tb, uint32_t p0, uint32_t n)
 {
-    tb->max_freq = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t j;
-        const uint32_t p = p0 + i;
-        tb->axis[i] = (unsigned char)lmk_rope_axis_j((int)g->mode, g->sections, p, &j);
-        const double ff = g->freq_factors ? (double)g->freq_factors[p] : 1.0;
-        tb->freq[i] = lmk_rope_freq(g->freq_base, g->exp_n, g->freq_scale, g->ext_factor, g->ramp_low, g->ramp_high,
-                                    p, j, ff);
-        /* an infinite freq makes the bound test below inf or NaN, so that token goes to libm */
-        if (fabs(tb->freq[i]) > tb->max_freq)
-            tb->max_freq = fabs(tb->freq[i]);
-    }
+    tb->max_freq = lmk_rope_cpu_freqs(g, p0, n, tb->axis, tb->freq);
 }
 
-/* m*cos and m*sin of each pair for one token, theta = pos * freq and the product by m in double.
- * With a buffer b for the angles (the row path) at a vector level, lmk_cpu_sincos's vector
- * polynomials when every |theta| is within its bound, as lmk_rope's fill_angles decides; libm
- * otherwise. */
+/* m*cos and m*sin of each pair for one token: lmk_rope's tables (rope_cpu.h), with the row buffer
+ * b as their scratch on the row path; without one (the element-wise path), libm. */
 LMK_INLINE void fill_angles(lmk_cpu_isa isa, const lmk_rope_angle *g, ap_table *tb, uint32_t n, size_t token,
                             ap_buf *b)
 {
-    double pos[4], max_pos = 0;
-    for (int a = 0; a < 4; a++) { /* pos_axis_stride 0 (NORMAL, NEOX): every axis is the token's one */
-        pos[a] = lmk_rope_pos(g->positions, (int)g->pos_dtype, (uint64_t)a * g->pos_axis_stride + token);
-        if (fabs(pos[a]) > max_pos)
-            max_pos = fabs(pos[a]);
-    }
-    if (b && isa != LMK_CPU_SCALAR && max_pos * tb->max_freq <= LMK_CPU_SINCOS_VECTOR_MAX) {
-        const uint32_t n8 = (n + 7) / 8 * 8;
-        for (uint32_t i = 0; i < n; i++)
-            b->theta[i] = pos[tb->axis[i]] * tb->freq[i];
-        for (uint32_t i = n; i < n8; i++)
-            b->theta[i] = 0;
-        lmk_cpu_sincos(isa, b->theta, tb->c, tb->s, n8, g->mscale);
-        return;
-    }
-    const double m = g->mscale;
-    for (uint32_t i = 0; i < n; i++) {
-        const double theta = pos[tb->axis[i]] * tb->freq[i];
-        double c = cos(theta), s = sin(theta);
-        if (m != 1.0)
-            c *= m, s *= m;
-        tb->c[i] = (float)c;
-        tb->s[i] = (float)s;
-    }
+    lmk_rope_cpu_angles(isa, g, token, tb->axis, tb->freq, tb->max_freq, n, b ? b->theta : NULL, tb->c, tb->s);
 }
 
 /* ---- rows and destinations ---- */

@@ -34,6 +34,7 @@
 #include "cpu/cpu.h"
 #include "ops/rope/rope.h"
 #include "ops/rope/rope_common.h"
+#include "ops/rope/rope_cpu.h"
 
 #include <math.h>
 
@@ -100,51 +101,74 @@ typedef struct rope_rows {
 /* freq and axis of pairs [p0, p0 + n): once per thread and chunk. `plain` (no scaling, no
  * freq_factors: the 0.1 calls) passes lmk_rope_freq those values as constants, which fold away:
  * ~570 instructions less per Qwen3.5 call, 45 ns of a 0.75 us K decode call. */
-LMK_INLINE void fill_freqs_as(const rope_job *j, rope_table *tb, size_t p0, size_t n, int plain)
+LMK_INLINE double freqs_as(const lmk_rope_angle *g, size_t p0, size_t n, unsigned char *restrict axis,
+                           double *restrict freq, int plain)
 {
-    const lmk_rope_angle *g = j->angle;
-    tb->max_freq = 0;
+    double max_freq = 0;
     for (size_t i = 0; i < n; i++) {
         const uint32_t p = (uint32_t)(p0 + i);
         uint32_t e;
-        tb->axis[i] = (unsigned char)lmk_rope_axis_j((int)g->mode, g->sections, p, &e);
-        tb->freq[i] = plain ? lmk_rope_freq(g->freq_base, g->exp_n, 1.0, 0.0, 0.0, 0.0, p, e, 1.0)
-                            : lmk_rope_freq(g->freq_base, g->exp_n, g->freq_scale, g->ext_factor, g->ramp_low,
-                                            g->ramp_high, p, e,
-                                            g->freq_factors ? (double)g->freq_factors[p] : 1.0);
-        /* an infinite freq makes the product below inf or NaN, so that token goes to libm */
-        if (fabs(tb->freq[i]) > tb->max_freq)
-            tb->max_freq = fabs(tb->freq[i]);
+        axis[i] = (unsigned char)lmk_rope_axis_j((int)g->mode, g->sections, p, &e);
+        freq[i] = plain ? lmk_rope_freq(g->freq_base, g->exp_n, 1.0, 0.0, 0.0, 0.0, p, e, 1.0)
+                        : lmk_rope_freq(g->freq_base, g->exp_n, g->freq_scale, g->ext_factor, g->ramp_low,
+                                        g->ramp_high, p, e, g->freq_factors ? (double)g->freq_factors[p] : 1.0);
+        /* an infinite freq makes the bound test of lmk_rope_cpu_angles inf or NaN: libm */
+        if (fabs(freq[i]) > max_freq)
+            max_freq = fabs(freq[i]);
     }
     for (size_t i = n; i < (n + 7) / 8 * 8; i++) /* the vector tail reads whole groups of 8 */
-        tb->freq[i] = 0, tb->axis[i] = 0;
+        freq[i] = 0, axis[i] = 0;
+    return max_freq;
 }
 
-static void fill_freqs(const rope_job *j, rope_table *tb, size_t p0, size_t n)
+/* lmk_rope_cpu_freqs, inlined into rope's own chunk loop. */
+LMK_INLINE double freqs(const lmk_rope_angle *g, size_t p0, size_t n, unsigned char *restrict axis,
+                        double *restrict freq)
 {
-    const lmk_rope_angle *g = j->angle;
     if (!g->freq_factors && g->freq_scale == 1.0 && g->ext_factor == 0.0)
-        fill_freqs_as(j, tb, p0, n, 1);
-    else
-        fill_freqs_as(j, tb, p0, n, 0);
+        return freqs_as(g, p0, n, axis, freq, 1);
+    return freqs_as(g, p0, n, axis, freq, 0);
 }
 
-/* m*cos and m*sin of every pair of the chunk for one token. */
-static void fill_angles(const rope_job *j, rope_table *tb, size_t n, size_t token)
+double lmk_rope_cpu_freqs(const lmk_rope_angle *g, size_t p0, size_t n, unsigned char *restrict axis,
+                          double *restrict freq)
 {
-    const lmk_rope_angle *g = j->angle;
+    return freqs(g, p0, n, axis, freq);
+}
+
+/* lmk_rope_cpu_angles, inlined into rope's own token loop (a call per token and chunk showed in
+ * a decode call's time). */
+LMK_INLINE void angles(lmk_cpu_isa isa, const lmk_rope_angle *g, size_t token, const unsigned char *restrict axis,
+                       const double *restrict freq, double max_freq, size_t n, double *restrict theta,
+                       float *restrict c, float *restrict s)
+{
     double pos[4], max_pos = 0;
     for (int a = 0; a < 4; a++) { /* pos_axis_stride 0 (NORMAL, NEOX): every axis is the token's one */
         pos[a] = lmk_rope_pos(g->positions, (int)g->pos_dtype, (uint64_t)a * g->pos_axis_stride + token);
         if (fabs(pos[a]) > max_pos)
             max_pos = fabs(pos[a]);
     }
+    if (!theta) { /* libm, theta by theta: lmk_cpu_sincos's scalar level, element for element */
+        for (size_t i = 0; i < n; i++) {
+            const double t = pos[axis[i]] * freq[i];
+            lmk_cpu_sincos(LMK_CPU_SCALAR, &t, c + i, s + i, 1, g->mscale);
+        }
+        return;
+    }
     const size_t n8 = (n + 7) / 8 * 8;
     for (size_t i = 0; i < n8; i++)
-        tb->theta[i] = pos[tb->axis[i]] * tb->freq[i];
+        theta[i] = pos[axis[i]] * freq[i];
     /* |theta| <= max_pos * max_freq; NaN or inf there (an infinite freq) fails the test */
-    const lmk_cpu_isa isa = max_pos * tb->max_freq <= LMK_CPU_SINCOS_VECTOR_MAX ? j->isa : LMK_CPU_SCALAR;
-    lmk_cpu_sincos(isa, tb->theta, tb->cos, tb->sin, isa == LMK_CPU_SCALAR ? n : n8, g->mscale);
+    if (!(max_pos * max_freq <= LMK_CPU_SINCOS_VECTOR_MAX))
+        isa = LMK_CPU_SCALAR;
+    lmk_cpu_sincos(isa, theta, c, s, isa == LMK_CPU_SCALAR ? n : n8, g->mscale);
+}
+
+void lmk_rope_cpu_angles(lmk_cpu_isa isa, const lmk_rope_angle *g, size_t token, const unsigned char *restrict axis,
+                         const double *restrict freq, double max_freq, size_t n, double *restrict theta,
+                         float *restrict c, float *restrict s)
+{
+    angles(isa, g, token, axis, freq, max_freq, n, theta, c, s);
 }
 
 /* ---- rows: scalar ---- */
@@ -563,12 +587,12 @@ static void rope_task(void *ctx, int tid, int n_threads)
     for (size_t p0 = 0; p0 < j->half || !one_chunk; p0 += PAIRS_PER_CHUNK) {
         const size_t n = p0 >= j->half ? 0 : j->half - p0 < PAIRS_PER_CHUNK ? j->half - p0 : PAIRS_PER_CHUNK;
         if (n)
-            fill_freqs(j, &tb, p0, n);
+            tb.max_freq = freqs(j->angle, p0, n, tb.axis, tb.freq);
         for (size_t row = lo; row < hi;) {
             const size_t token = row / rpt, first = row % rpt;
             const size_t last = hi - row < rpt - first ? first + (hi - row) : rpt;
             if (n)
-                fill_angles(j, &tb, n, token);
+                angles(j->isa, j->angle, token, tb.axis, tb.freq, tb.max_freq, n, tb.theta, tb.cos, tb.sin);
             process_rows(j, &tb, token, first, last, p0, n, one_chunk || !n);
             row += last - first;
         }
