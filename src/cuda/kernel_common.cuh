@@ -1,8 +1,8 @@
 /*
  * kernel_common.cuh - the device code every op's kernels share (nvcc only): raw 16-byte units and
  * their loads and stores, the dtype traits with lmk's own narrowing, the rotary (cos, sin) of an
- * angle, and programmatic dependent launch (the device side, pdl_enter, and the launch helper
- * lmk_cuda_start). One copy, so that rope and attn_prologue rotate by the same bits and move units
+ * angle, a block's (tile, group), and programmatic dependent launch (the device side, pdl_enter,
+ * and the launch helper lmk_cuda_start, with ceil_div for the host's planning). One copy, so that rope and attn_prologue rotate by the same bits and move units
  * the same way. Everything is in an anonymous namespace: each op's translation unit gets its own
  * instantiations, as it would from a private copy.
  */
@@ -207,6 +207,12 @@ __device__ __forceinline__ bool tile_group(uint64_t n_blocks, uint32_t groups, u
     tg->t0 = t * tile;
     tg->tt = (uint32_t)min((uint64_t)tile, seq - tg->t0);
     return true;
+}
+
+/* ceil(a / b) for the launch planning (host). */
+inline uint64_t ceil_div(uint64_t a, uint64_t b)
+{
+    return (a + b - 1) / b;
 }
 
 /* One launch of kernel(p), with the programmatic serialization attribute when pdl. Inside a stream

@@ -198,8 +198,9 @@ __device__ __noinline__ uint32_t f8_pair_soft(float x0, float x1, const Cache &c
 }
 #endif
 
-/* The codes of x0 and x1 when neither is a NaN (a NaN's code is unspecified here: the caller
- * rebuilds such a pair with f8_pair). */
+/* The codes of x0 (low byte) and x1: one hardware conversion on sm_89 and later, exact except for
+ * a NaN, whose code has no sign there (callers rebuild a pair that held one with f8_pair); the
+ * integer code before sm_89. */
 __device__ __forceinline__ uint32_t f8_pair_fast(float x0, float x1, const Cache &c)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
@@ -219,14 +220,9 @@ __device__ __forceinline__ uint32_t f8_pair_fast(float x0, float x1, const Cache
 __device__ __forceinline__ uint32_t f8_pair(float x0, float x1, const Cache &c)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    if (x0 == x0 && x1 == x1) {
-        unsigned short r;
-        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(f8_scaled(x1, c)), "f"(f8_scaled(x0, c)));
-        return r;
-    }
-    return f8_pair_soft(x0, x1, c);
+    return x0 == x0 && x1 == x1 ? f8_pair_fast(x0, x1, c) : f8_pair_soft(x0, x1, c);
 #else
-    return f8_code(x0, c) | (f8_code(x1, c) << 8);
+    return f8_pair_fast(x0, x1, c); /* the integer code, which keeps a NaN's sign */
 #endif
 }
 
@@ -891,11 +887,6 @@ template <int DT> void preload_dtype(cudaError_t *first)
 /* ---------------------------------------------------------------------------------------------
  * Planning (host): units, row kinds, teams, angles, launch.
  * ------------------------------------------------------------------------------------------- */
-
-uint64_t ceil_div(uint64_t a, uint64_t b)
-{
-    return (a + b - 1) / b;
-}
 
 uint32_t pow2_ceil(uint64_t n)
 {

@@ -198,15 +198,6 @@ struct LaunchPlan {
  * Device helpers: raw units, dtypes, the angle.
  * ------------------------------------------------------------------------------------------- */
 
-/* Element e of a unit's raw bits (widen them with Elem<DT>::widen). */
-template <int DT, int VE> __device__ __forceinline__ uint32_t get_bits(const Raw<VE * Elem<DT>::size> &r, int e)
-{
-    if constexpr (Elem<DT>::size == 4)
-        return r.w[e];
-    else
-        return (r.w[e >> 1] >> (16 * (e & 1))) & 0xffffu;
-}
-
 /* lmk_rope_freq(..., p, j, ff = 1) with theta_e = exp2(j * log2_step) instead of pow(freq_base,
  * -2j / exp_n) (pow is an out-of-line call on the device; the two differ by an ulp or so, ~2e-15
  * relative: an angle error under 2e-9 rad at |pos| = 2^20). The ramp is lmk_rope_freq's, operation
@@ -319,8 +310,8 @@ __device__ __forceinline__ void rotate_store(const Raw<VE * Elem<DT>::size> &ra,
         float o[VE];
 #pragma unroll
         for (int k = 0; k < NP; k++) {
-            const float a = Elem<DT>::widen(get_bits<DT, VE>(ra, 2 * k));
-            const float b = Elem<DT>::widen(get_bits<DT, VE>(ra, 2 * k + 1));
+            const float a = elem<DT, VE>(ra, 2 * k);
+            const float b = elem<DT, VE>(ra, 2 * k + 1);
             o[2 * k] = fmaf(a, c[k], -b * sn[k]);
             o[2 * k + 1] = fmaf(a, sn[k], b * c[k]);
         }
@@ -329,8 +320,8 @@ __device__ __forceinline__ void rotate_store(const Raw<VE * Elem<DT>::size> &ra,
         float oa[VE], ob[VE];
 #pragma unroll
         for (int e = 0; e < VE; e++) {
-            const float a = Elem<DT>::widen(get_bits<DT, VE>(ra, e));
-            const float b = Elem<DT>::widen(get_bits<DT, VE>(rb, e));
+            const float a = elem<DT, VE>(ra, e);
+            const float b = elem<DT, VE>(rb, e);
             oa[e] = fmaf(a, c[e], -b * sn[e]);
             ob[e] = fmaf(a, sn[e], b * c[e]);
         }
@@ -694,11 +685,6 @@ template <int DT> void preload_dtype(cudaError_t *first)
 /* ---------------------------------------------------------------------------------------------
  * Planning (host): units, geometry, angles, then the decode or the tile plan.
  * ------------------------------------------------------------------------------------------- */
-
-uint64_t ceil_div(uint64_t a, uint64_t b)
-{
-    return (a + b - 1) / b;
-}
 
 /* The unit plan: the widest unit (16 bytes down to one element) such that no unit straddles a
  * rotated and an untouched range and every access is aligned: VE divides head_dim and the layout's
