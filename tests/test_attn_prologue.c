@@ -1142,6 +1142,35 @@ static void test_edges(const tst_dev *devs, int n_dev)
     group_line("edge shapes, modes, scalings, layouts", n, failed, n_dev, t0);
 }
 
+/* Prompts long enough that CUDA's prefill kernel runs several of the plan's blocks in each block
+ * of its grid (the grid holds only what fits the GPU at once: ~400 blocks on an H200), so that
+ * both staging areas and both table copies are used, including at a last short tile: every model
+ * (in place inside the packed QKV, q inside q|gate, f8 and paged caches, padding slots), a shape
+ * with tiles of several tokens, and one with several row groups per token. Every device runs them;
+ * the CPU's paths are the same as at T = 300. */
+static void test_long_prompts(const tst_dev *devs, int n_dev)
+{
+    spec e[8];
+    int n = 0;
+    spec s = edge(M_Q35_27B, 1201, LMK_BF16, "(long prompt, bf16 cache, i64 positions)");
+    s.cache = C_PAGED, s.pos_dt = LMK_I64, e[n++] = s;
+    s = edge(M_Q35_35B, 1401, LMK_F16, "(long prompt, f8 cache, q in place in q|gate)");
+    s.f8 = true, s.in_place = true, s.outputs = O_CACHE, e[n++] = s;
+    s = edge(M_Q3_8B, 1501, LMK_BF16, "(long prompt, in place in packed QKV, f8)");
+    s.f8 = true, s.slot_dt = LMK_I64, e[n++] = s;
+    s = edge(M_LLAMA31_8B, 1499, LMK_F32, "(long prompt, no norm, f32)");
+    s.cache = C_COMBINED, e[n++] = s;
+    s = edge(M_Q3_8B, 4801, LMK_BF16, "(long prompt, 4/1 heads: tiles of 4 tokens)");
+    shape(&s, 4, 1, 128, 128, LMK_ROPE_NEOX, L_DENSE), s.outputs = O_BOTH, e[n++] = s;
+    s = edge(M_Q3_8B, 1003, LMK_F16, "(long prompt, 96/8 heads: row groups)");
+    shape(&s, 96, 8, 128, 64, LMK_ROPE_NEOX, L_QKV), s.f8 = true, e[n++] = s;
+    const double t0 = tst_now();
+    int failed = 0;
+    for (int i = 0; i < n; i++)
+        failed += !run_spec(&e[i], devs, n_dev, false);
+    group_line("long prompts (CUDA blocks stream several tiles)", n, failed, n_dev, t0);
+}
+
 /* ---- 2, 3: named cases ---- */
 
 /* Padding slots write nothing, k_out is still written: T = 1 with one padding value each, and
@@ -1589,6 +1618,7 @@ int main(void)
         test_public_bugs(devs, n_dev);
         test_edges(devs, n_dev);
         test_models(devs, n_dev);
+        test_long_prompts(devs, n_dev);
         test_far_positions(devs, n_dev);
     }
     lmk_device_close(g_other);
