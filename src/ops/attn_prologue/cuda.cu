@@ -54,6 +54,13 @@
  * the device, in a function of their own. Blocks have 256 threads, 128 when the call's rows fill
  * at most two 256-thread blocks per SM (decode: more, smaller blocks spread a call over more SMs).
  *
+ * Two kernels run these blocks. prologue_kernel: one CUDA block per block of the plan (decode,
+ * one-element units, chunked rows). prologue_stream_kernel (prefill with 16-byte units): a grid of
+ * the blocks that fit on the GPU at once, each taking the plan's blocks b, b + grid, ... with the
+ * units of the next one already on their way into shared memory (cp.async) while it computes the
+ * current one, its tables double-buffered and the weights filled once (docs/cuda_notes.md,
+ * attn_prologue version 4: 2-18% faster prompts than one block each).
+ *
  * Launches use programmatic dependent launch where the device allows it (lmk_cuda_device.pdl,
  * kernel_common.cuh): a launch may start while the previous kernel of the stream finishes, and
  * pdl_enter waits for it before the kernel's first memory access (only parameter arithmetic runs
@@ -145,6 +152,9 @@ struct Plan {
     uint32_t l_log2;  /* L = 1 << l_log2 lanes per team */
     uint32_t w_at, slot_at;
     uint32_t batch_fill; /* decode: fill_shared_batched */
+    /* prologue_stream_kernel (prefill, 16-byte units): the second (cos, sin) table (float2 index),
+     * the second slot table and the two staging areas (bytes) */
+    uint32_t cs2_at, slot2_at, stage_at;
 };
 
 struct ApParams {
@@ -713,24 +723,43 @@ __device__ __forceinline__ int64_t slot_at(const ApParams &p, uint64_t t)
                       : (int64_t)__ldg(reinterpret_cast<const int32_t *>(p.slots) + t);
 }
 
+/* The (cos, sin) of each (token of the tile, pair), when the block has q or k rows. */
+__device__ __forceinline__ void fill_angles(const ApParams &p, const Block &bk, float2 *cs)
+{
+    if (bk.r_lo < p.hq + p.hk) { /* v rows only: no angle */
+        const uint32_t n = bk.tt * p.half;
+        for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) {
+            const uint32_t tl = j / p.half;
+            cs[j] = angle_cs(p.a, bk.t0 + tl, j - tl * p.half);
+        }
+    }
+}
+
+/* The norm weights as f32 (w + weight_offset): q's at w, k's at w + D. */
+__device__ __forceinline__ void fill_weights(const ApParams &p, float *w)
+{
+    if (p.q_w || p.k_w)
+        for (uint32_t j = threadIdx.x; j < 2 * p.D; j += blockDim.x)
+            if (j < p.D ? p.q_w != nullptr : p.k_w != nullptr)
+                w[j] = weight_at(p, j);
+}
+
+/* The tile's slots. */
+__device__ __forceinline__ void fill_slots(const ApParams &p, const Block &bk, int64_t *slot)
+{
+    if (p.slots)
+        for (uint32_t j = threadIdx.x; j < bk.tt; j += blockDim.x)
+            slot[j] = slot_at(p, bk.t0 + j);
+}
+
 /* Fills shared memory for the block's rows: the angles and weights (when it has q or k rows), the
  * tile's slots, one table after the other (prefill: many blocks per SM hide the round trips). */
 __device__ void fill_shared(const ApParams &p, const Block &bk, const Shared &sh)
 {
-    if (bk.r_lo < p.hq + p.hk) { /* v rows only: no angle, no weight */
-        const uint32_t n = bk.tt * p.half;
-        for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) {
-            const uint32_t tl = j / p.half;
-            sh.cs[j] = angle_cs(p.a, bk.t0 + tl, j - tl * p.half);
-        }
-        if (p.q_w || p.k_w)
-            for (uint32_t j = threadIdx.x; j < 2 * p.D; j += blockDim.x)
-                if (j < p.D ? p.q_w != nullptr : p.k_w != nullptr)
-                    sh.w[j] = weight_at(p, j);
-    }
-    if (p.slots)
-        for (uint32_t j = threadIdx.x; j < bk.tt; j += blockDim.x)
-            sh.slot[j] = slot_at(p, bk.t0 + j);
+    fill_angles(p, bk, sh.cs);
+    if (bk.r_lo < p.hq + p.hk)
+        fill_weights(p, sh.w);
+    fill_slots(p, bk, sh.slot);
 }
 
 /* The same at decode (Plan.batch_fill): every global load a thread makes here (its slot, its first
@@ -766,6 +795,20 @@ __device__ void fill_shared_batched(const ApParams &p, const Block &bk, const Sh
         sh.slot[tid] = sv;
 }
 
+/* Block blk of the plan: its tile of tokens and group of rows. */
+__device__ __forceinline__ Block block_of(const ApParams &p, uint64_t blk)
+{
+    const Plan &pl = p.pl;
+    const uint64_t tile = blk >> 32 ? blk / pl.groups : (uint32_t)blk / pl.groups;
+    const uint32_t group = (uint32_t)(blk - tile * pl.groups);
+    Block bk;
+    bk.t0 = tile * pl.tile;
+    bk.tt = (uint32_t)min((uint64_t)pl.tile, pl.seq - bk.t0);
+    bk.r_lo = group * pl.rpg;
+    bk.nr = min(pl.rpg, p.rows - bk.r_lo);
+    return bk;
+}
+
 /* The kernel. A block is (tile, group) of the plan, one task (row) per team: team j takes task j.
  * Each lane loads its items, then the block fills the shared tables while those loads are in
  * flight (the angle math and the weight and slot loads overlap a memory round trip), one barrier;
@@ -780,13 +823,7 @@ __global__ void __launch_bounds__(kThreads, CHUNK ? 2 : 3) prologue_kernel(const
     const uint64_t blk = (uint64_t)blockIdx.y * gridDim.x + blockIdx.x;
     if (blk >= pl.n_blocks)
         return;
-    const uint64_t tile = blk >> 32 ? blk / pl.groups : (uint32_t)blk / pl.groups;
-    const uint32_t group = (uint32_t)(blk - tile * pl.groups);
-    Block bk;
-    bk.t0 = tile * pl.tile;
-    bk.tt = (uint32_t)min((uint64_t)pl.tile, pl.seq - bk.t0);
-    bk.r_lo = group * pl.rpg;
-    bk.nr = min(pl.rpg, p.rows - bk.r_lo);
+    const Block bk = block_of(p, blk);
     const Shared sh{reinterpret_cast<float2 *>(smem), reinterpret_cast<float *>(smem) + pl.w_at,
                     reinterpret_cast<int64_t *>(reinterpret_cast<unsigned char *>(smem) + pl.slot_at)};
     const uint32_t L = 1u << pl.l_log2, lane = threadIdx.x & (L - 1u);
@@ -821,18 +858,193 @@ __global__ void __launch_bounds__(kThreads, CHUNK ? 2 : 3) prologue_kernel(const
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * The prefill kernel with 16-byte units: a block streams its blocks of the plan through shared
+ * memory.
+ * ------------------------------------------------------------------------------------------- */
+
+/* 16 bytes from global to shared memory without passing through registers (cp.async, sm_80 and
+ * later; before, a load and a store), or 16 zero bytes when !present (nothing is read). */
+__device__ __forceinline__ void stage16(unsigned char *s, const unsigned char *g, bool present)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(s)),
+                 "l"(g), "r"(present ? 16 : 0)
+                 : "memory");
+#else
+    *reinterpret_cast<uint4 *>(s) = present ? __ldcs(reinterpret_cast<const uint4 *>(g)) : make_uint4(0, 0, 0, 0);
+#endif
+}
+
+/* Closes the group of the copies issued since the last call. */
+__device__ __forceinline__ void stage_commit()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+/* Waits until at most one group of this thread's copies is still in flight: the older one landed. */
+__device__ __forceinline__ void stage_wait_older()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+#endif
+}
+
+/* A thread's row of a block of the plan (live: the team has one). */
+struct RowTask {
+    const unsigned char *in;
+    uint32_t tl, h;
+    int kind;
+    bool live;
+};
+
+__device__ __forceinline__ RowTask row_task(const ApParams &p, const Block &bk, uint32_t team)
+{
+    RowTask t{};
+    uint32_t r = 0;
+    t.live = task_of(p, bk, team, &t.tl, &r);
+    t.kind = kind_of(p, r, &t.h);
+    t.in = row_in(p, t.kind, bk.t0 + t.tl, t.h);
+    return t;
+}
+
+/* Copies the units of the lane's items base + u*L (u < U) into its staging area: unit 2u (a) and
+ * 2u + 1 (b) of thread tid at ((2u + ab) * nthr + tid) * 16 bytes, consecutive threads at
+ * consecutive 16-byte words (no bank conflict when read back). A unit the item lacks is zeros, as
+ * load_items leaves it. */
+template <int VE, int U>
+__device__ __forceinline__ void stage_items(const ApParams &p, const Kind &g, const unsigned char *in, uint32_t base,
+                                            uint32_t L, unsigned char *st)
+{
+    constexpr int ES = 16 / VE;
+    const uint32_t tid = threadIdx.x, nthr = blockDim.x;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const uint32_t item = base + u * L;
+        uint32_t oa = 0, ob = 0;
+        bool ha = false, hb = false;
+        if (item < g.npu) {
+            oa = item * p.ustep, ob = oa + p.pstride;
+            ha = true, hb = !p.il;
+        } else if (item < g.items) {
+            const uint32_t c = item - g.npu;
+            oa = copy_at(g, c, VE), ob = copy_at(g, c + g.nch, VE);
+            ha = true, hb = c + g.nch < g.nc;
+        }
+        stage16(st + ((2 * u) * nthr + tid) * 16, ha ? in + (size_t)oa * ES : in, ha);
+        stage16(st + ((2 * u + 1) * nthr + tid) * 16, hb ? in + (size_t)ob * ES : in, hb);
+    }
+}
+
+/* The lane's units back from its staging area (its own copies: no barrier needed for them). */
+template <int U>
+__device__ __forceinline__ void unstage_items(const unsigned char *st, Raw<16> (&a)[U], Raw<16> (&b)[U])
+{
+    const uint32_t tid = threadIdx.x, nthr = blockDim.x;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const uint4 va = *reinterpret_cast<const uint4 *>(st + ((2 * u) * nthr + tid) * 16);
+        const uint4 vb = *reinterpret_cast<const uint4 *>(st + ((2 * u + 1) * nthr + tid) * 16);
+        a[u].w[0] = va.x, a[u].w[1] = va.y, a[u].w[2] = va.z, a[u].w[3] = va.w;
+        b[u].w[0] = vb.x, b[u].w[1] = vb.y, b[u].w[2] = vb.z, b[u].w[3] = vb.w;
+    }
+}
+
+/* The prefill kernel for 16-byte units without chunks (plan_launch's stream plan). The grid is at
+ * most the blocks that fit on the GPU at once; block b takes the plan's blocks b, b + gridDim.x,
+ * ... While it computes one, the units of the next are already on their way into shared memory
+ * (cp.async): a block keeps a memory round trip in flight through its fill, barrier and arithmetic
+ * instead of only before them (prologue_kernel's blocks load, then compute, then exit). The angle
+ * and slot tables are double-buffered (the fill of block i + 1 may run while slower warps still
+ * read block i's; block i - 1's readers are past block i's barrier), the weights are filled once.
+ * Per row the work is prologue_kernel's: the same sums, the same outputs, the same bits. */
+template <int DT, int VE, int U>
+__global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __grid_constant__ ApParams p)
+{
+    static_assert(VE * Elem<DT>::size == 16, "the staging copies are 16 bytes");
+    extern __shared__ __align__(16) float4 smem[];
+    const Plan &pl = p.pl;
+    unsigned char *const sm = reinterpret_cast<unsigned char *>(smem);
+    const uint32_t stage_b = 2 * U * blockDim.x * 16; /* bytes of one staging area */
+    float *const w = reinterpret_cast<float *>(smem) + pl.w_at;
+    const uint32_t L = 1u << pl.l_log2, lane = threadIdx.x & (L - 1u), team = threadIdx.x >> pl.l_log2;
+    uint64_t blk = blockIdx.x;
+    pdl_enter(); /* everything above is parameter arithmetic; every memory access is below */
+    {
+        const RowTask t = row_task(p, block_of(p, blk), team);
+        if (t.live)
+            stage_items<VE, U>(p, p.kind[t.kind == 2 ? 1 : 0], t.in, lane, L, sm + pl.stage_at);
+        stage_commit();
+    }
+    fill_weights(p, w);
+    /* Only blk is carried from one block to the next: its tile and row are recomputed (a few
+     * integer operations) rather than kept live through the arithmetic. */
+    for (uint32_t s = 0;; s ^= 1) {
+        const uint64_t nb = blk + gridDim.x;
+        const bool more = nb < pl.n_blocks;
+        if (more) {
+            const RowTask t = row_task(p, block_of(p, nb), team);
+            if (t.live)
+                stage_items<VE, U>(p, p.kind[t.kind == 2 ? 1 : 0], t.in, lane, L,
+                                   sm + pl.stage_at + (s ^ 1) * stage_b);
+        }
+        stage_commit(); /* possibly empty: the wait below always leaves the newest group */
+        const Block bk = block_of(p, blk);
+        const RowTask cur = row_task(p, bk, team);
+        const Shared sh{reinterpret_cast<float2 *>(smem) + (s ? pl.cs2_at : 0), w,
+                        reinterpret_cast<int64_t *>(sm + (s ? pl.slot2_at : pl.slot_at))};
+        fill_angles(p, bk, sh.cs);
+        fill_slots(p, bk, sh.slot);
+        stage_wait_older();
+        __syncthreads();
+        Raw<16> a[U], b[U];
+        const bool norm = cur.live && (cur.kind == 0 ? p.q_w != nullptr : cur.kind == 1 && p.k_w != nullptr);
+        float ss = 0.0f;
+        if (cur.live) {
+            unstage_items<U>(sm + pl.stage_at + s * stage_b, a, b);
+            if (norm)
+                ss = sum_sq<DT, VE, U>(a, b);
+        }
+        ss = team_sum(ss, L);
+        if (cur.live)
+            emit_row<DT, VE, U, false>(p, sh, bk, cur.tl, cur.kind, cur.h, cur.in, norm,
+                                       rsqrtf(fmaf(ss, p.inv_d, p.eps)), lane, L, a, b);
+        if (!more)
+            break;
+        blk = nb;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Launch: the instantiation for a dtype, unit width and items per lane.
  * ------------------------------------------------------------------------------------------- */
 
 struct LaunchPlan {
     dim3 blocks, threads;
     size_t smem;
-    bool pdl; /* programmatic stream serialization (lmk_cuda_device.pdl; kernel_common.cuh) */
+    bool pdl;    /* programmatic stream serialization (lmk_cuda_device.pdl; kernel_common.cuh) */
+    bool stream; /* prologue_stream_kernel, on at most the blocks that fit the GPU at once */
+    int sm_count;
 };
 
 template <int DT, int VE, int U, bool CHUNK>
 cudaError_t launch(const ApParams &p, const LaunchPlan &L, cudaStream_t st)
 {
+    if constexpr (VE * Elem<DT>::size == 16 && !CHUNK) {
+        if (L.stream) {
+            int per_sm = 0;
+            const cudaError_t e =
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prologue_stream_kernel<DT, VE, U>,
+                                                              (int)L.threads.x, L.smem);
+            if (e != cudaSuccess)
+                return e;
+            uint64_t n = (uint64_t)(per_sm > 0 ? per_sm : 1) * (uint64_t)(L.sm_count > 0 ? L.sm_count : 1);
+            n = n < p.pl.n_blocks ? n : p.pl.n_blocks;
+            return lmk_cuda_start(prologue_stream_kernel<DT, VE, U>, p, dim3((unsigned)n, 1, 1), L.threads, L.smem,
+                                  st, L.pdl);
+        }
+    }
     return lmk_cuda_start(prologue_kernel<DT, VE, U, CHUNK>, p, L.blocks, L.threads, L.smem, st, L.pdl);
 }
 
@@ -878,6 +1090,10 @@ template <int DT, int VE, int U, bool CHUNK> void preload_one(cudaError_t *first
 template <int DT> void preload_dtype(cudaError_t *first)
 {
     constexpr int V16 = 16 / Elem<DT>::size, U1 = kItems<Elem<DT>::size>;
+    cudaFuncAttributes attr;
+    const cudaError_t e = cudaFuncGetAttributes(&attr, prologue_stream_kernel<DT, V16, kItems<16>>);
+    if (e != cudaSuccess && *first == cudaSuccess)
+        *first = e;
     preload_one<DT, V16, kItems<16>, false>(first);
     preload_one<DT, V16, kItems<16>, true>(first);
     preload_one<DT, 1, U1, false>(first);
@@ -1086,7 +1302,7 @@ void plan_operands(const lmk_attn_prologue_args *a, ApParams *p)
  * 256 per SM (decode: more, smaller blocks spread a call over more SMs). A block takes a tile of
  * whole tokens (one angle per thread at most) or, when a token has more rows than a block has
  * teams, a group of a token's rows. Every block has at least one row; tasks per block <= 256. */
-void plan_launch(ApParams *p, int sm_count, LaunchPlan *L)
+void plan_launch(ApParams *p, int sm_count, bool units16, LaunchPlan *L)
 {
     Plan &pl = p->pl;
     const uint64_t lanes = 1u << pl.l_log2, seq = pl.seq, rows = p->rows;
@@ -1119,6 +1335,25 @@ void plan_launch(ApParams *p, int sm_count, LaunchPlan *L)
     pl.w_at = (uint32_t)(cs_bytes / sizeof(float));
     pl.slot_at = (uint32_t)(cs_bytes + w_bytes);
     L->smem = (size_t)(cs_bytes + w_bytes + (p->slots ? tile * sizeof(int64_t) : 0));
+    L->stream = false;
+    L->sm_count = sm_count;
+    /* Prefill with 16-byte units: prologue_stream_kernel, its shared memory two (cos, sin) tables,
+     * the weights, two slot tables and two staging areas of 2 * U 16-byte units a thread. Past 48
+     * KB (head_dim near 1024 with a full rope) the blocks stay prologue_kernel's. */
+    if (!spread && units16) {
+        const uint64_t slot_bytes = p->slots ? ceil_div(tile * sizeof(int64_t), 16) * 16 : 0;
+        const uint64_t stage_bytes = 2ull * kItems<16> * L->threads.x * 16;
+        const uint64_t total = 2 * cs_bytes + w_bytes + 2 * slot_bytes + 2 * stage_bytes;
+        if (total <= 48 * 1024) {
+            L->stream = true;
+            pl.cs2_at = (uint32_t)(cs_bytes / sizeof(float2));
+            pl.w_at = (uint32_t)(2 * cs_bytes / sizeof(float));
+            pl.slot_at = (uint32_t)(2 * cs_bytes + w_bytes);
+            pl.slot2_at = (uint32_t)(pl.slot_at + slot_bytes);
+            pl.stage_at = (uint32_t)(pl.slot2_at + slot_bytes);
+            L->smem = (size_t)total;
+        }
+    }
 }
 
 } /* namespace */
@@ -1149,7 +1384,7 @@ lmk_status lmk_cuda_attn_prologue(lmk_stream *s, const void *args)
     plan_angles(&r->angle, &p.a);
     p.pl.seq = r->seq_len;
     LaunchPlan L;
-    plan_launch(&p, d->sm_count, &L);
+    plan_launch(&p, d->sm_count, ve > 1 && !chunk, &L);
     L.pdl = d->pdl;
     if (L.smem > (chunk ? kChunkSmem : 48 * 1024)) /* cannot happen for head_dim, Dv <= 4096 */
         return lmk_fail(LMK_ERR_UNSUPPORTED, "%s: %zu bytes of shared memory exceed the CUDA kernel's limit", op,
