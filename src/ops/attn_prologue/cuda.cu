@@ -58,8 +58,9 @@
  * one-element units, chunked rows). prologue_stream_kernel (prefill with 16-byte units): a grid of
  * the blocks that fit on the GPU at once, each taking the plan's blocks b, b + grid, ... with the
  * units of the next one already on their way into shared memory (cp.async) while it computes the
- * current one, its tables double-buffered and the weights filled once (docs/cuda_notes.md,
- * attn_prologue version 4: 2-18% faster prompts than one block each).
+ * current one, its tables double-buffered and the weights filled once; without an f8 cache its
+ * tables are also formed one block ahead (docs/cuda_notes.md, attn_prologue version 4: prompts
+ * take 14-25% less time than with one CUDA block each, 13-17% less with an f8 cache).
  *
  * Launches use programmatic dependent launch where the device allows it (lmk_cuda_device.pdl,
  * kernel_common.cuh): a launch may start while the previous kernel of the stream finishes, and
@@ -155,6 +156,7 @@ struct Plan {
     /* prologue_stream_kernel (prefill, 16-byte units): the second (cos, sin) table (float2 index),
      * the second slot table and the two staging areas (bytes) */
     uint32_t cs2_at, slot2_at, stage_at;
+    uint32_t words_at; /* 16 bytes a thread: its staged position and slot (bytes) */
 };
 
 struct ApParams {
@@ -883,14 +885,6 @@ __device__ __forceinline__ void stage_commit()
 #endif
 }
 
-/* Waits until at most one group of this thread's copies is still in flight: the older one landed. */
-__device__ __forceinline__ void stage_wait_older()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-#endif
-}
-
 /* A thread's row of a block of the plan (live: the team has one). */
 struct RowTask {
     const unsigned char *in;
@@ -951,15 +945,105 @@ __device__ __forceinline__ void unstage_items(const unsigned char *st, Raw<16> (
     }
 }
 
+/* 4 or 8 bytes from global to shared memory (cp.async), or zeros when !present. */
+__device__ __forceinline__ void stage_word(unsigned char *s, const void *g, bool wide, bool present)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(s), n = present ? (wide ? 8 : 4) : 0;
+    if (wide)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(sa), "l"(g), "r"(n) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sa), "l"(g), "r"(n) : "memory");
+#else
+    if (wide)
+        *reinterpret_cast<int64_t *>(s) = present ? *static_cast<const int64_t *>(g) : 0;
+    else
+        *reinterpret_cast<int32_t *>(s) = present ? *static_cast<const int32_t *>(g) : 0;
+#endif
+}
+
+/* Waits until every copy this thread issued has landed. */
+__device__ __forceinline__ void stage_wait_all()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+/* Stages what thread tid's part of block bk's tables reads: the position of its first (token,
+ * pair) when that pair is in the host's table (into ps, 8 bytes; an i32 in the low 4), and for tid
+ * < tt its token's slot (into ps + 8). Returns whether the position was staged. */
+__device__ __forceinline__ bool stage_table_words(const ApParams &p, const Block &bk, unsigned char *ps)
+{
+    const uint32_t tid = threadIdx.x, tl = tid / p.half, i = tid - tl * p.half;
+    const bool pos = bk.r_lo < p.hq + p.hk && tid < bk.tt * p.half && i < kTabPairs;
+    if (pos) {
+        const uint64_t at = (uint64_t)p.a.axis[i] * p.a.pos_axis_stride + bk.t0 + tl;
+        const bool wide = p.a.pos_dtype == LMK_I64;
+        stage_word(ps, static_cast<const unsigned char *>(p.a.pos) + at * (wide ? 8 : 4), wide, true);
+    }
+    if (p.slots && tid < bk.tt)
+        stage_word(ps + 8, static_cast<const unsigned char *>(p.slots) + (bk.t0 + tid) * (p.slot_i64 ? 8 : 4),
+                   p.slot_i64 != 0, true);
+    return pos;
+}
+
+/* Block bk's (cos, sin) and slot tables (after the thread's copies landed): thread tid's first
+ * angle from its staged position, any further one (more angles than threads, pairs past the host's
+ * table) loaded here, its token's slot from its staged word. */
+__device__ __forceinline__ void fill_tables_staged(const ApParams &p, const Block &bk, const unsigned char *ps,
+                                                   bool staged, float2 *cs, int64_t *slot)
+{
+    const uint32_t tid = threadIdx.x;
+    if (staged) {
+        const uint32_t i = tid - (tid / p.half) * p.half;
+        double freq = p.a.freq[i];
+        if (p.a.ff)
+            freq = freq / (double)__ldg(p.a.ff + i);
+        const double pos = p.a.pos_dtype == LMK_I64 ? (double)*reinterpret_cast<const int64_t *>(ps)
+                                                    : (double)*reinterpret_cast<const int32_t *>(ps);
+        const float2 c = rope_cs(pos * freq);
+        cs[tid] = make_float2(c.x * p.a.mscale, c.y * p.a.mscale);
+    }
+    if (bk.r_lo < p.hq + p.hk) {
+        const uint32_t n = bk.tt * p.half;
+        for (uint32_t j = tid; j < n; j += blockDim.x) {
+            const uint32_t tl = j / p.half;
+            if (j != tid || !staged)
+                cs[j] = angle_cs(p.a, bk.t0 + tl, j - tl * p.half);
+        }
+    }
+    if (p.slots && tid < bk.tt)
+        slot[tid] = p.slot_i64 ? *reinterpret_cast<const int64_t *>(ps + 8)
+                               : (int64_t)*reinterpret_cast<const int32_t *>(ps + 8);
+}
+
+/* Waits until at most one group of this thread's copies is still in flight: the older one landed. */
+__device__ __forceinline__ void stage_wait_older()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+#endif
+}
+
 /* The prefill kernel for 16-byte units without chunks (plan_launch's stream plan). The grid is at
  * most the blocks that fit on the GPU at once; block b takes the plan's blocks b, b + gridDim.x,
- * ... While it computes one, the units of the next are already on their way into shared memory
- * (cp.async): a block keeps a memory round trip in flight through its fill, barrier and arithmetic
- * instead of only before them (prologue_kernel's blocks load, then compute, then exit). The angle
- * and slot tables are double-buffered (the fill of block i + 1 may run while slower warps still
- * read block i's; block i - 1's readers are past block i's barrier), the weights are filled once.
- * Per row the work is prologue_kernel's: the same sums, the same outputs, the same bits. */
-template <int DT, int VE, int U>
+ * ..., and at the top of block i's iteration every thread issues cp.async copies of block i + 1's
+ * units into its own staging area, so that a memory round trip stays in flight through block i's
+ * arithmetic (prologue_kernel's blocks load, fill, wait, compute and exit: their loads are in
+ * flight only at the start). Two orders of the rest (docs/cuda_notes.md, attn_prologue version 4):
+ *   AHEAD: the thread also stages the position and slot its part of block i + 1's tables reads;
+ *     it computes block i from tables the previous iteration formed, then waits for its copies
+ *     (they had the whole computation to land), forms block i + 1's (cos, sin) and slot tables,
+ *     and the block meets at its one barrier: no load and no angle runs between a barrier and the
+ *     work behind it. Prompts with caches in the input dtype: 12-19% faster than !AHEAD.
+ *   !AHEAD: the thread forms block i's tables, waits for block i's units, barrier, computes. Kept
+ *     for f8 caches, whose longer arithmetic ran 4-15% slower in the AHEAD order (run 28).
+ * The tables are double-buffered (iteration i writes one block's tables while slower warps may
+ * still read the other's; the readers of the one it overwrites are past the previous barrier); the
+ * staged units and words are thread-private; the weights are filled once. Per row the work is
+ * prologue_kernel's: the same sums, the same outputs, the same bits. */
+template <int DT, int VE, int U, bool AHEAD>
 __global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __grid_constant__ ApParams p)
 {
     static_assert(VE * Elem<DT>::size == 16, "the staging copies are 16 bytes");
@@ -968,36 +1052,52 @@ __global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __gr
     unsigned char *const sm = reinterpret_cast<unsigned char *>(smem);
     const uint32_t stage_b = 2 * U * blockDim.x * 16; /* bytes of one staging area */
     float *const w = reinterpret_cast<float *>(smem) + pl.w_at;
+    unsigned char *const ps = sm + pl.words_at + threadIdx.x * 16; /* the thread's staged words */
     const uint32_t L = 1u << pl.l_log2, lane = threadIdx.x & (L - 1u), team = threadIdx.x >> pl.l_log2;
     uint64_t blk = blockIdx.x;
     pdl_enter(); /* everything above is parameter arithmetic; every memory access is below */
     {
-        const RowTask t = row_task(p, block_of(p, blk), team);
+        const Block bk = block_of(p, blk);
+        const RowTask t = row_task(p, bk, team);
         if (t.live)
             stage_items<VE, U>(p, p.kind[t.kind == 2 ? 1 : 0], t.in, lane, L, sm + pl.stage_at);
+        const bool staged = AHEAD && stage_table_words(p, bk, ps);
         stage_commit();
+        fill_weights(p, w);
+        if constexpr (AHEAD) {
+            stage_wait_all();
+            fill_tables_staged(p, bk, ps, staged, reinterpret_cast<float2 *>(smem),
+                               reinterpret_cast<int64_t *>(sm + pl.slot_at));
+            __syncthreads();
+        }
     }
-    fill_weights(p, w);
     /* Only blk is carried from one block to the next: its tile and row are recomputed (a few
      * integer operations) rather than kept live through the arithmetic. */
     for (uint32_t s = 0;; s ^= 1) {
         const uint64_t nb = blk + gridDim.x;
         const bool more = nb < pl.n_blocks;
+        bool staged = false;
         if (more) {
-            const RowTask t = row_task(p, block_of(p, nb), team);
+            const Block nbk = block_of(p, nb);
+            const RowTask t = row_task(p, nbk, team);
             if (t.live)
                 stage_items<VE, U>(p, p.kind[t.kind == 2 ? 1 : 0], t.in, lane, L,
                                    sm + pl.stage_at + (s ^ 1) * stage_b);
+            if constexpr (AHEAD)
+                staged = stage_table_words(p, nbk, ps);
         }
-        stage_commit(); /* possibly empty: the wait below always leaves the newest group */
+        if (!AHEAD || more)
+            stage_commit(); /* !AHEAD: possibly empty, the wait below always leaves the newest group */
         const Block bk = block_of(p, blk);
         const RowTask cur = row_task(p, bk, team);
         const Shared sh{reinterpret_cast<float2 *>(smem) + (s ? pl.cs2_at : 0), w,
                         reinterpret_cast<int64_t *>(sm + (s ? pl.slot2_at : pl.slot_at))};
-        fill_angles(p, bk, sh.cs);
-        fill_slots(p, bk, sh.slot);
-        stage_wait_older();
-        __syncthreads();
+        if constexpr (!AHEAD) {
+            fill_angles(p, bk, sh.cs);
+            fill_slots(p, bk, sh.slot);
+            stage_wait_older();
+            __syncthreads();
+        }
         Raw<16> a[U], b[U];
         const bool norm = cur.live && (cur.kind == 0 ? p.q_w != nullptr : cur.kind == 1 && p.k_w != nullptr);
         float ss = 0.0f;
@@ -1012,6 +1112,13 @@ __global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __gr
                                        rsqrtf(fmaf(ss, p.inv_d, p.eps)), lane, L, a, b);
         if (!more)
             break;
+        if constexpr (AHEAD) {
+            stage_wait_all();
+            fill_tables_staged(p, block_of(p, nb), ps, staged,
+                               reinterpret_cast<float2 *>(smem) + (s ? 0 : pl.cs2_at),
+                               reinterpret_cast<int64_t *>(sm + (s ? pl.slot_at : pl.slot2_at)));
+            __syncthreads();
+        }
         blk = nb;
     }
 }
@@ -1025,6 +1132,7 @@ struct LaunchPlan {
     size_t smem;
     bool pdl;    /* programmatic stream serialization (lmk_cuda_device.pdl; kernel_common.cuh) */
     bool stream; /* prologue_stream_kernel, on at most the blocks that fit the GPU at once */
+    bool ahead;  /* its AHEAD order (no f8 cache) */
     int sm_count;
 };
 
@@ -1033,16 +1141,16 @@ cudaError_t launch(const ApParams &p, const LaunchPlan &L, cudaStream_t st)
 {
     if constexpr (VE * Elem<DT>::size == 16 && !CHUNK) {
         if (L.stream) {
+            void (*const k)(ApParams) =
+                L.ahead ? prologue_stream_kernel<DT, VE, U, true> : prologue_stream_kernel<DT, VE, U, false>;
             int per_sm = 0;
             const cudaError_t e =
-                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prologue_stream_kernel<DT, VE, U>,
-                                                              (int)L.threads.x, L.smem);
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, (int)L.threads.x, L.smem);
             if (e != cudaSuccess)
                 return e;
             uint64_t n = (uint64_t)(per_sm > 0 ? per_sm : 1) * (uint64_t)(L.sm_count > 0 ? L.sm_count : 1);
             n = n < p.pl.n_blocks ? n : p.pl.n_blocks;
-            return lmk_cuda_start(prologue_stream_kernel<DT, VE, U>, p, dim3((unsigned)n, 1, 1), L.threads, L.smem,
-                                  st, L.pdl);
+            return lmk_cuda_start(k, p, dim3((unsigned)n, 1, 1), L.threads, L.smem, st, L.pdl);
         }
     }
     return lmk_cuda_start(prologue_kernel<DT, VE, U, CHUNK>, p, L.blocks, L.threads, L.smem, st, L.pdl);
@@ -1091,7 +1199,9 @@ template <int DT> void preload_dtype(cudaError_t *first)
 {
     constexpr int V16 = 16 / Elem<DT>::size, U1 = kItems<Elem<DT>::size>;
     cudaFuncAttributes attr;
-    const cudaError_t e = cudaFuncGetAttributes(&attr, prologue_stream_kernel<DT, V16, kItems<16>>);
+    cudaError_t e = cudaFuncGetAttributes(&attr, prologue_stream_kernel<DT, V16, kItems<16>, true>);
+    if (e == cudaSuccess)
+        e = cudaFuncGetAttributes(&attr, prologue_stream_kernel<DT, V16, kItems<16>, false>);
     if (e != cudaSuccess && *first == cudaSuccess)
         *first = e;
     preload_one<DT, V16, kItems<16>, false>(first);
@@ -1335,22 +1445,25 @@ void plan_launch(ApParams *p, int sm_count, bool units16, LaunchPlan *L)
     pl.w_at = (uint32_t)(cs_bytes / sizeof(float));
     pl.slot_at = (uint32_t)(cs_bytes + w_bytes);
     L->smem = (size_t)(cs_bytes + w_bytes + (p->slots ? tile * sizeof(int64_t) : 0));
-    L->stream = false;
+    L->stream = L->ahead = false;
     L->sm_count = sm_count;
     /* Prefill with 16-byte units: prologue_stream_kernel, its shared memory two (cos, sin) tables,
-     * the weights, two slot tables and two staging areas of 2 * U 16-byte units a thread. Past 48
+     * the weights, two slot tables, two staging areas of 2 * U 16-byte units a thread and 16 bytes
+     * a thread for its staged position and slot. Past 48
      * KB (head_dim near 1024 with a full rope) the blocks stay prologue_kernel's. */
     if (!spread && units16) {
         const uint64_t slot_bytes = p->slots ? ceil_div(tile * sizeof(int64_t), 16) * 16 : 0;
         const uint64_t stage_bytes = 2ull * kItems<16> * L->threads.x * 16;
-        const uint64_t total = 2 * cs_bytes + w_bytes + 2 * slot_bytes + 2 * stage_bytes;
+        const uint64_t total = 2 * cs_bytes + w_bytes + 2 * slot_bytes + 2 * stage_bytes + 16ull * L->threads.x;
         if (total <= 48 * 1024) {
             L->stream = true;
+            L->ahead = !p->cache[0].f8 && !p->cache[1].f8;
             pl.cs2_at = (uint32_t)(cs_bytes / sizeof(float2));
             pl.w_at = (uint32_t)(2 * cs_bytes / sizeof(float));
             pl.slot_at = (uint32_t)(2 * cs_bytes + w_bytes);
             pl.slot2_at = (uint32_t)(pl.slot_at + slot_bytes);
             pl.stage_at = (uint32_t)(pl.slot2_at + slot_bytes);
+            pl.words_at = (uint32_t)(pl.stage_at + 2 * stage_bytes);
             L->smem = (size_t)total;
         }
     }
