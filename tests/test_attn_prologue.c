@@ -1146,8 +1146,9 @@ static void test_edges(const tst_dev *devs, int n_dev)
  * of its grid (the grid holds only what fits the GPU at once: ~400 blocks on an H200), so that
  * both staging areas and both table copies are used, including at a last short tile: every model
  * (in place inside the packed QKV, q inside q|gate, f8 and paged caches, padding slots), a shape
- * with tiles of several tokens, and one with several row groups per token. Every device runs them;
- * the CPU's paths are the same as at T = 300. */
+ * with tiles of several tokens, one with several row groups per token, and one with more angles
+ * than threads and pairs past the angle table the host passes (rope_dim 512). Every device runs
+ * them; the CPU's paths are the same as at T = 300. */
 static void test_long_prompts(const tst_dev *devs, int n_dev)
 {
     spec e[8];
@@ -1164,6 +1165,8 @@ static void test_long_prompts(const tst_dev *devs, int n_dev)
     shape(&s, 4, 1, 128, 128, LMK_ROPE_NEOX, L_DENSE), s.outputs = O_BOTH, e[n++] = s;
     s = edge(M_Q3_8B, 1003, LMK_F16, "(long prompt, 96/8 heads: row groups)");
     shape(&s, 96, 8, 128, 64, LMK_ROPE_NEOX, L_QKV), s.f8 = true, e[n++] = s;
+    s = edge(M_Q3_8B, 3001, LMK_BF16, "(long prompt, rope_dim 512: pairs past CUDA's angle table)");
+    shape(&s, 2, 1, 512, 512, LMK_ROPE_NEOX, L_DENSE), e[n++] = s;
     const double t0 = tst_now();
     int failed = 0;
     for (int i = 0; i < n; i++)

@@ -28,6 +28,7 @@ finish() {
 ok() { echo "ok   $1"; pass=$((pass + 1)); }
 bad() { echo "FAIL $1"; fail=$((fail + 1)); }
 skip_all() { echo "SKIP install: $1"; skip=$((skip + 1)); finish; }
+skip_one() { echo "SKIP $1"; skip=$((skip + 1)); }
 
 case $build in /*) ;; *) build=$(pwd)/$build ;; esac
 [ -f "$build/CMakeCache.txt" ] || { bad "no configured build in $build"; finish; }
@@ -134,13 +135,13 @@ if [ $have_readelf = 1 ]; then
     if LC_ALL=C readelf -d "$prefix/$libdir/liblmk.so" | grep -q 'SONAME.*\[liblmk\.so\.0\]'; then
         ok "liblmk.so has soname liblmk.so.0"
     else bad "liblmk.so soname: $(LC_ALL=C readelf -d "$prefix/$libdir/liblmk.so" | grep SONAME)"; fi
-fi
+else skip_one "liblmk.so's soname: readelf not found (apt-get install binutils)"; fi
 # Only lmk_* leaves liblmk.so: a toolchain that links pieces of libstdc++ into it once exported
 # __cxa_* too, and the static link below then pulled in liblmk.so for them.
 if command -v nm >/dev/null 2>&1; then
     others=$(LC_ALL=C nm -D --defined-only "$prefix/$libdir/liblmk.so" | awk '$3 !~ /^lmk_/ {print $3}' | head -n 5)
     [ -z "$others" ] && ok "liblmk.so exports lmk_* only" || bad "liblmk.so exports more than lmk_*: $(echo $others)"
-fi
+else skip_one "liblmk.so's exports: nm not found (apt-get install binutils)"; fi
 if run "bin/lmk info" "$tmp/tool.out" "$prefix/bin/lmk" info; then
     if head -n 1 "$tmp/tool.out" | grep -q '^lmk [0-9]'; then ok "installed bin/lmk runs"; else
         bad "bin/lmk info printed: $(head -n 1 "$tmp/tool.out")"; fi

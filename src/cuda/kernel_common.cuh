@@ -2,9 +2,10 @@
  * kernel_common.cuh - the device code every op's kernels share (nvcc only): raw 16-byte units and
  * their loads and stores, the dtype traits with lmk's own narrowing, the rotary (cos, sin) of an
  * angle, a block's (tile, group), and programmatic dependent launch (the device side, pdl_enter,
- * and the launch helper lmk_cuda_start, with ceil_div for the host's planning). One copy, so that rope and attn_prologue rotate by the same bits and move units
- * the same way. Everything is in an anonymous namespace: each op's translation unit gets its own
- * instantiations, as it would from a private copy.
+ * and the launch helper lmk_cuda_start, with ceil_div for the host's planning). One copy, so that
+ * rope and attn_prologue rotate by the same bits and move units the same way. Everything is in an
+ * anonymous namespace: each op's translation unit gets its own instantiations, as it would from a
+ * private copy.
  */
 #ifndef LMK_CUDA_KERNEL_COMMON_CUH
 #define LMK_CUDA_KERNEL_COMMON_CUH
@@ -194,18 +195,25 @@ struct TileGroup {
     uint32_t tt, group;
 };
 
-/* False for a block past n_blocks (the 2-D grid's last row). The division is 32-bit when the
- * block index fits. */
+/* Block blk's place (blk < tiles * groups). The division is 32-bit when the index fits. */
+__device__ __forceinline__ TileGroup tile_group_at(uint64_t blk, uint32_t groups, uint32_t tile, uint64_t seq)
+{
+    const uint64_t t = blk >> 32 ? blk / groups : (uint32_t)blk / groups;
+    TileGroup tg;
+    tg.group = (uint32_t)(blk - t * groups);
+    tg.t0 = t * tile;
+    tg.tt = (uint32_t)min((uint64_t)tile, seq - tg.t0);
+    return tg;
+}
+
+/* This block's place; false for a block past n_blocks (the 2-D grid's last row). */
 __device__ __forceinline__ bool tile_group(uint64_t n_blocks, uint32_t groups, uint32_t tile, uint64_t seq,
                                            TileGroup *tg)
 {
     const uint64_t blk = (uint64_t)blockIdx.y * gridDim.x + blockIdx.x;
     if (blk >= n_blocks)
         return false;
-    const uint64_t t = blk >> 32 ? blk / groups : (uint32_t)blk / groups;
-    tg->group = (uint32_t)(blk - t * groups);
-    tg->t0 = t * tile;
-    tg->tt = (uint32_t)min((uint64_t)tile, seq - tg->t0);
+    *tg = tile_group_at(blk, groups, tile, seq);
     return true;
 }
 

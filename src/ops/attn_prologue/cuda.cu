@@ -345,7 +345,16 @@ __device__ __noinline__ double far_freq(const AnglePlan &a, uint32_t i, uint32_t
     return lmk_rope_freq(a.freq_base, a.exp_n, a.freq_scale, a.ext_factor, a.ramp_low, a.ramp_high, i, j, 1.0);
 }
 
-/* The (cos, sin) of pair i at token t, times m (as rope's v8 angle_cs). */
+/* (cos, sin)(theta) times m. */
+__device__ __forceinline__ float2 scaled_cs(const AnglePlan &a, double theta)
+{
+    const float2 cs = rope_cs(theta);
+    return make_float2(cs.x * a.mscale, cs.y * a.mscale);
+}
+
+/* The (cos, sin) of pair i at token t, times m (as rope's v8 angle_cs). The freq_factor is loaded
+ * before the position: run 30 had them the other way round and fill_shared_batched calling
+ * fill_angles, and a T = 1 call was 3% slower (the two were not measured apart). */
 __device__ __forceinline__ float2 angle_cs(const AnglePlan &a, uint64_t t, uint32_t i)
 {
     double freq;
@@ -356,9 +365,7 @@ __device__ __forceinline__ float2 angle_cs(const AnglePlan &a, uint64_t t, uint3
         freq = far_freq(a, i, &axis);
     if (a.ff)
         freq = freq / (double)__ldg(a.ff + i);
-    const double pos = lmk_rope_pos(a.pos, a.pos_dtype, (uint64_t)axis * a.pos_axis_stride + t);
-    const float2 cs = rope_cs(pos * freq);
-    return make_float2(cs.x * a.mscale, cs.y * a.mscale);
+    return scaled_cs(a, lmk_rope_pos(a.pos, a.pos_dtype, (uint64_t)axis * a.pos_axis_stride + t) * freq);
 }
 
 /* Two weights (w + weight_offset) from shared memory at element off (even), or one. */
@@ -725,14 +732,17 @@ __device__ __forceinline__ int64_t slot_at(const ApParams &p, uint64_t t)
                       : (int64_t)__ldg(reinterpret_cast<const int32_t *>(p.slots) + t);
 }
 
-/* The (cos, sin) of each (token of the tile, pair), when the block has q or k rows. */
-__device__ __forceinline__ void fill_angles(const ApParams &p, const Block &bk, float2 *cs)
+/* The (cos, sin) of each (token of the tile, pair), when the block has q or k rows: entries
+ * threadIdx.x, threadIdx.x + blockDim.x, ..., the first skipped when skip_first (formed elsewhere).
+ * (Starting the loop one entry later instead cost the stream kernel a spill.) */
+__device__ __forceinline__ void fill_angles(const ApParams &p, const Block &bk, float2 *cs, bool skip_first)
 {
     if (bk.r_lo < p.hq + p.hk) { /* v rows only: no angle */
         const uint32_t n = bk.tt * p.half;
         for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) {
             const uint32_t tl = j / p.half;
-            cs[j] = angle_cs(p.a, bk.t0 + tl, j - tl * p.half);
+            if (!skip_first || j != threadIdx.x)
+                cs[j] = angle_cs(p.a, bk.t0 + tl, j - tl * p.half);
         }
     }
 }
@@ -758,7 +768,7 @@ __device__ __forceinline__ void fill_slots(const ApParams &p, const Block &bk, i
  * tile's slots, one table after the other (prefill: many blocks per SM hide the round trips). */
 __device__ void fill_shared(const ApParams &p, const Block &bk, const Shared &sh)
 {
-    fill_angles(p, bk, sh.cs);
+    fill_angles(p, bk, sh.cs, false);
     if (bk.r_lo < p.hq + p.hk)
         fill_weights(p, sh.w);
     fill_slots(p, bk, sh.slot);
@@ -780,7 +790,7 @@ __device__ void fill_shared_batched(const ApParams &p, const Block &bk, const Sh
 #pragma unroll
     for (uint32_t b = 0; b < kWBatch; b++)
         w[b] = tid + b * bd < nw ? weight_at(p, tid + b * bd) : 0.0f;
-    if (qk) {
+    if (qk) { /* fill_angles's loop, written out: see angle_cs (run 30) */
         const uint32_t n = bk.tt * p.half;
         for (uint32_t j = tid; j < n; j += bd) {
             const uint32_t tl = j / p.half;
@@ -797,16 +807,15 @@ __device__ void fill_shared_batched(const ApParams &p, const Block &bk, const Sh
         sh.slot[tid] = sv;
 }
 
-/* Block blk of the plan: its tile of tokens and group of rows. */
+/* Block blk of the plan: its tile of tokens (kernel_common.cuh's tile_group_at) and group of rows. */
 __device__ __forceinline__ Block block_of(const ApParams &p, uint64_t blk)
 {
     const Plan &pl = p.pl;
-    const uint64_t tile = blk >> 32 ? blk / pl.groups : (uint32_t)blk / pl.groups;
-    const uint32_t group = (uint32_t)(blk - tile * pl.groups);
+    const TileGroup tg = tile_group_at(blk, pl.groups, pl.tile, pl.seq);
     Block bk;
-    bk.t0 = tile * pl.tile;
-    bk.tt = (uint32_t)min((uint64_t)pl.tile, pl.seq - bk.t0);
-    bk.r_lo = group * pl.rpg;
+    bk.t0 = tg.t0;
+    bk.tt = tg.tt;
+    bk.r_lo = tg.group * pl.rpg;
     bk.nr = min(pl.rpg, p.rows - bk.r_lo);
     return bk;
 }
@@ -997,22 +1006,12 @@ __device__ __forceinline__ void fill_tables_staged(const ApParams &p, const Bloc
     const uint32_t tid = threadIdx.x;
     if (staged) {
         const uint32_t i = tid - (tid / p.half) * p.half;
-        double freq = p.a.freq[i];
-        if (p.a.ff)
-            freq = freq / (double)__ldg(p.a.ff + i);
         const double pos = p.a.pos_dtype == LMK_I64 ? (double)*reinterpret_cast<const int64_t *>(ps)
                                                     : (double)*reinterpret_cast<const int32_t *>(ps);
-        const float2 c = rope_cs(pos * freq);
-        cs[tid] = make_float2(c.x * p.a.mscale, c.y * p.a.mscale);
+        const double freq = p.a.ff ? p.a.freq[i] / (double)__ldg(p.a.ff + i) : p.a.freq[i]; /* as angle_cs */
+        cs[tid] = scaled_cs(p.a, pos * freq);
     }
-    if (bk.r_lo < p.hq + p.hk) {
-        const uint32_t n = bk.tt * p.half;
-        for (uint32_t j = tid; j < n; j += blockDim.x) {
-            const uint32_t tl = j / p.half;
-            if (j != tid || !staged)
-                cs[j] = angle_cs(p.a, bk.t0 + tl, j - tl * p.half);
-        }
-    }
+    fill_angles(p, bk, cs, staged);
     if (p.slots && tid < bk.tt)
         slot[tid] = p.slot_i64 ? *reinterpret_cast<const int64_t *>(ps + 8)
                                : (int64_t)*reinterpret_cast<const int32_t *>(ps + 8);
@@ -1093,7 +1092,7 @@ __global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __gr
         const Shared sh{reinterpret_cast<float2 *>(smem) + (s ? pl.cs2_at : 0), w,
                         reinterpret_cast<int64_t *>(sm + (s ? pl.slot2_at : pl.slot_at))};
         if constexpr (!AHEAD) {
-            fill_angles(p, bk, sh.cs);
+            fill_angles(p, bk, sh.cs, false);
             fill_slots(p, bk, sh.slot);
             stage_wait_older();
             __syncthreads();
@@ -1181,16 +1180,15 @@ cudaError_t launch_dtype(lmk_dtype dt, uint32_t ve, bool chunk, const ApParams &
     }
 }
 
-/* Loads an instantiation; the CHUNK ones (the only ones whose shared memory can pass 48 KB: head_dim
- * 4096 with a full rope, both norms and slots needs 48 KB + 8 bytes) may use up to kChunkSmem, set
- * here once per device rather than in an op call. */
-template <int DT, int VE, int U, bool CHUNK> void preload_one(cudaError_t *first)
+/* Loads an instantiation (kernel k); the CHUNK ones (the only ones whose shared memory can pass 48
+ * KB: head_dim 4096 with a full rope, both norms and slots needs 48 KB + 8 bytes) may use up to
+ * kChunkSmem, set here once per device rather than in an op call. */
+void preload_one(void (*k)(ApParams), bool chunk, cudaError_t *first)
 {
     cudaFuncAttributes attr;
-    cudaError_t e = cudaFuncGetAttributes(&attr, prologue_kernel<DT, VE, U, CHUNK>);
-    if (CHUNK && e == cudaSuccess)
-        e = cudaFuncSetAttribute(prologue_kernel<DT, VE, U, CHUNK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)kChunkSmem);
+    cudaError_t e = cudaFuncGetAttributes(&attr, k);
+    if (chunk && e == cudaSuccess)
+        e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kChunkSmem);
     if (e != cudaSuccess && *first == cudaSuccess)
         *first = e;
 }
@@ -1198,16 +1196,12 @@ template <int DT, int VE, int U, bool CHUNK> void preload_one(cudaError_t *first
 template <int DT> void preload_dtype(cudaError_t *first)
 {
     constexpr int V16 = 16 / Elem<DT>::size, U1 = kItems<Elem<DT>::size>;
-    cudaFuncAttributes attr;
-    cudaError_t e = cudaFuncGetAttributes(&attr, prologue_stream_kernel<DT, V16, kItems<16>, true>);
-    if (e == cudaSuccess)
-        e = cudaFuncGetAttributes(&attr, prologue_stream_kernel<DT, V16, kItems<16>, false>);
-    if (e != cudaSuccess && *first == cudaSuccess)
-        *first = e;
-    preload_one<DT, V16, kItems<16>, false>(first);
-    preload_one<DT, V16, kItems<16>, true>(first);
-    preload_one<DT, 1, U1, false>(first);
-    preload_one<DT, 1, U1, true>(first);
+    preload_one(prologue_stream_kernel<DT, V16, kItems<16>, true>, false, first);
+    preload_one(prologue_stream_kernel<DT, V16, kItems<16>, false>, false, first);
+    preload_one(prologue_kernel<DT, V16, kItems<16>, false>, false, first);
+    preload_one(prologue_kernel<DT, V16, kItems<16>, true>, true, first);
+    preload_one(prologue_kernel<DT, 1, U1, false>, false, first);
+    preload_one(prologue_kernel<DT, 1, U1, true>, true, first);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1449,8 +1443,8 @@ void plan_launch(ApParams *p, int sm_count, bool units16, LaunchPlan *L)
     L->sm_count = sm_count;
     /* Prefill with 16-byte units: prologue_stream_kernel, its shared memory two (cos, sin) tables,
      * the weights, two slot tables, two staging areas of 2 * U 16-byte units a thread and 16 bytes
-     * a thread for its staged position and slot. Past 48
-     * KB (head_dim near 1024 with a full rope) the blocks stay prologue_kernel's. */
+     * a thread for its staged position and slot. Past 48 KB (head_dim near 1024 with a full rope)
+     * the blocks stay prologue_kernel's. The AHEAD order without an f8 cache (run 28). */
     if (!spread && units16) {
         const uint64_t slot_bytes = p->slots ? ceil_div(tile * sizeof(int64_t), 16) * 16 : 0;
         const uint64_t stage_bytes = 2ull * kItems<16> * L->threads.x * 16;
@@ -1503,7 +1497,9 @@ lmk_status lmk_cuda_attn_prologue(lmk_stream *s, const void *args)
         return lmk_fail(LMK_ERR_UNSUPPORTED, "%s: %zu bytes of shared memory exceed the CUDA kernel's limit", op,
                         L.smem);
     const cudaError_t e = launch_dtype(r->dtype, ve, chunk, p, L, lmk_cuda_stream_of(s));
-    return e == cudaSuccess ? LMK_OK : lmk_cuda_fail(e, "attn_prologue: kernel launch");
+    return e == cudaSuccess ? LMK_OK
+                            : lmk_cuda_fail(e, L.stream ? "attn_prologue: kernel launch (or its occupancy query)"
+                                                        : "attn_prologue: kernel launch");
 }
 
 cudaError_t lmk_cuda_attn_prologue_preload(void)
