@@ -16,8 +16,9 @@
  *     that a team's lanes read contiguous units in both of their loads. v rows are copy items only.
  * A team of L lanes (a power of two <= 32) owns a row: lane l holds items l and l + L (16-byte
  * units, U = 2: 64 bytes in flight) or l, l + L, l + 2L, l + 3L (one-element units, U = 4) as raw
- * words in registers (plan_team; a decode call of a 2-byte type takes a lane per item, so that
- * l + L is past the row and each warp's instruction stream is halved). Lanes exchange nothing but
+ * words in registers (plan_team; a decode call takes a lane per item, so that l + L is past the
+ * row and each warp's instruction stream is halved; with an f8 cache its units are 4 elements,
+ * plan_decode_units). Lanes exchange nothing but
  * the sum of squares (a butterfly of shuffles within the team), so every element is read and
  * written by one lane: in place (out == in) is safe by construction, and copies without a norm are
  * the input's raw words, bit-exact (NaN payloads included). A row longer than L*U items
@@ -44,8 +45,8 @@
  * row per team (plan_launch). Each lane first issues the loads of its items; then the block fills
  * shared memory with what its rows share: the (cos, sin) of each (token, pair) of the tile (one
  * angle per thread), the norm weights as f32 (w + weight_offset), the tile's slots (at decode with
- * every load issued first: fill_shared_batched); one barrier;
- * then the team's sum of squares, the outputs. Angles: the host tabulates each pair's position axis
+ * every load issued first: fill_plan, fill_issue, fill_finish); one barrier; then the team's sum of
+ * squares, the outputs. Angles: the host tabulates each pair's position axis
  * and angle factor (rope_common.h's lmk_rope_axis_j and lmk_rope_freq with ff = 1, float64) and
  * passes the table in the kernel parameters (rope's v8 scheme); the device divides by
  * freq_factors[p] (device memory), multiplies by the position (float64), reduces by k*pi/2 in
@@ -54,8 +55,10 @@
  * the device, in a function of their own. Blocks have 256 threads, 128 when the call's rows fill
  * at most two 256-thread blocks per SM (decode: more, smaller blocks spread a call over more SMs).
  *
- * Two kernels run these blocks. prologue_kernel: one CUDA block per block of the plan (decode,
- * one-element units, chunked rows). prologue_stream_kernel (prefill with 16-byte units): a grid of
+ * Three kernels run these blocks. prologue_decode_kernel (small calls with 16-byte units: decode):
+ * one CUDA block per block of the plan, one item a lane, and only the code such a call needs.
+ * prologue_kernel: one CUDA block per block of the plan (one-element units, chunked rows, small
+ * calls of them). prologue_stream_kernel (prefill with 16-byte units): a grid of
  * the blocks that fit on the GPU at once, each taking the plan's blocks b, b + grid, ... with the
  * units of the next one already on their way into shared memory (cp.async) while it computes the
  * current one, its tables double-buffered and the weights filled once; without an f8 cache its
@@ -100,6 +103,7 @@ constexpr size_t kChunkSmem = 64 * 1024; /* shared memory a CHUNK kernel may tak
 constexpr uint32_t kTabPairs = 128;    /* pairs whose angle factor the host tabulates */
 constexpr int kFreqCache = 4;          /* host angle tables kept per thread */
 constexpr uint32_t kMagicShift = 20;   /* task k < 1024 of a block: k / n = (k * magic) >> 20 */
+constexpr uint32_t kDecodeF8Elems = 4;  /* unit width of prologue_decode_kernel with an f8 cache (plan_decode_units) */
 
 /* ---------------------------------------------------------------------------------------------
  * Parameters.
@@ -152,7 +156,7 @@ struct Plan {
     uint32_t tile, groups, rpg, magic;
     uint32_t l_log2;  /* L = 1 << l_log2 lanes per team */
     uint32_t w_at, slot_at;
-    uint32_t batch_fill; /* decode: fill_shared_batched */
+    uint32_t batch_fill; /* small calls: fill_plan, fill_issue, fill_finish */
     /* prologue_stream_kernel (prefill, 16-byte units): the second (cos, sin) table (float2 index),
      * the second slot table and the two staging areas (bytes) */
     uint32_t cs2_at, slot2_at, stage_at;
@@ -353,8 +357,9 @@ __device__ __forceinline__ float2 scaled_cs(const AnglePlan &a, double theta)
 }
 
 /* The (cos, sin) of pair i at token t, times m (as rope's v8 angle_cs). The freq_factor is loaded
- * before the position: run 30 had them the other way round and fill_shared_batched calling
- * fill_angles, and a T = 1 call was 3% slower (the two were not measured apart). */
+ * before the position: run 30 had them the other way round and the decode fill (then
+ * fill_shared_batched) calling fill_angles, and a T = 1 call was 3% slower (the two were not
+ * measured apart). */
 __device__ __forceinline__ float2 angle_cs(const AnglePlan &a, uint64_t t, uint32_t i)
 {
     double freq;
@@ -687,8 +692,9 @@ __device__ __forceinline__ float team_sum(float v, uint32_t L)
 
 /* The outputs of a row (kind, head h) of token t0 + tl whose chunk 0 is in a, b; rn from the norm.
  * CHUNK: a row may be longer than one chunk of L*U items; every chunk is loaded again here (the
- * same lane reads and writes each element, so in place still holds). */
-template <int DT, int VE, int U, bool CHUNK>
+ * same lane reads and writes each element, so in place still holds). F8: the call may have an f8
+ * cache (without, the f8 paths are not compiled in). */
+template <int DT, int VE, int U, bool CHUNK, bool F8 = true>
 __device__ __forceinline__ void emit_row(const ApParams &p, const Shared &sh, const Block &bk, uint32_t tl, int kind,
                                          uint32_t h, const unsigned char *in, bool norm, float rn, uint32_t lane,
                                          uint32_t L, Raw<VE * Elem<DT>::size> (&a)[U], Raw<VE * Elem<DT>::size> (&b)[U])
@@ -703,9 +709,9 @@ __device__ __forceinline__ void emit_row(const ApParams &p, const Shared &sh, co
         if (CHUNK && chunks > 1)
             load_items<Elem<DT>::size, VE, U>(p, g, in, base, L, a, b);
         /* one path per (f8 cache, norm): each carries only its own code */
-        if (d.f8 && norm)
+        if (F8 && d.f8 && norm)
             emit_items<DT, VE, U, true, true>(p, g, d, w, rn, cs, base, L, a, b);
-        else if (d.f8)
+        else if (F8 && d.f8)
             emit_items<DT, VE, U, true, false>(p, g, d, w, rn, cs, base, L, a, b);
         else if (norm)
             emit_items<DT, VE, U, false, true>(p, g, d, w, rn, cs, base, L, a, b);
@@ -774,37 +780,120 @@ __device__ void fill_shared(const ApParams &p, const Block &bk, const Shared &sh
     fill_slots(p, bk, sh.slot);
 }
 
-/* The same at decode (Plan.batch_fill): every global load a thread makes here (its slot, its first
- * kWBatch weights, the positions inside angle_cs) is issued before any is waited for. With a few
- * blocks a call, a loop that loads and stores per iteration costs a memory round trip per
- * iteration, and those round trips are the call's latency. Run 20: Qwen3-8B T=1 bf16 3.21 ->
- * 3.02 us, Qwen3.5 4.11 -> 3.87; at T=4106 the same code cost 3% (41.7 against 40.4 us). */
-__device__ void fill_shared_batched(const ApParams &p, const Block &bk, const Shared &sh)
+/* The same at decode (Plan.batch_fill), in three steps so that every global load a thread makes
+ * for the tables is in flight before any is used. A small call is a few warps per SM, each a serial
+ * chain: a load whose value is converted where it is loaded (a slot's sign extension, a weight's
+ * widening, a position's conversion to float64) stalls the thread there, and version 4's fill
+ * did so once per table. fill_plan takes only the parameters (it runs before pdl_enter): the
+ * thread's first (token, pair) entry j = threadIdx.x, its angle factor from the host's table (a
+ * constant-bank read at a per-thread index, which the hardware serialises across the warp) and its
+ * position's index. fill_issue loads raw words: the position, the freq_factor, the slot and up to
+ * kWBatch weights. fill_finish converts them, forms the angle (the arithmetic of angle_cs: the
+ * same bits) and stores the tables; entries past the first (a tile of more tokens than threads per
+ * pair) and weights past kWBatch go the plain way. */
+struct FillPlan {
+    double freq;     /* the entry's angle factor before the freq_factor */
+    uint64_t pos_at; /* its position's index */
+    uint32_t i;      /* its pair */
+    uint32_t n, nw;  /* table entries (tile tokens x pairs, 0 without q/k rows) and weights */
+};
+
+struct FillRaw {
+    unsigned long long pos, slot; /* raw: 32-bit values in the low word */
+    uint32_t ff;
+    uint32_t w[kWBatch]; /* f32 bits, or a 2-byte weight in the low half */
+};
+
+__device__ __forceinline__ FillPlan fill_plan(const ApParams &p, const Block &bk)
+{
+    FillPlan f{};
+    const bool qk = bk.r_lo < p.hq + p.hk; /* v rows only: no angle, no weight */
+    f.n = qk ? bk.tt * p.half : 0;
+    f.nw = qk && (p.q_w || p.k_w) ? 2 * p.D : 0;
+    if (threadIdx.x < f.n) {
+        const uint32_t tl = threadIdx.x / p.half;
+        uint32_t axis;
+        f.i = threadIdx.x - tl * p.half;
+        if (f.i < kTabPairs)
+            f.freq = p.a.freq[f.i], axis = p.a.axis[f.i];
+        else
+            f.freq = far_freq(p.a, f.i, &axis);
+        f.pos_at = (uint64_t)axis * p.a.pos_axis_stride + bk.t0 + tl;
+    }
+    return f;
+}
+
+/* Weight j's pointer (nullptr where that tensor has none), dtype and index. */
+__device__ __forceinline__ const void *weight_src(const ApParams &p, uint32_t j, int *dt, uint32_t *idx)
+{
+    const bool k = j >= p.D;
+    *dt = k ? p.k_w_dt : p.q_w_dt;
+    *idx = k ? j - p.D : j;
+    return k ? p.k_w : p.q_w;
+}
+
+__device__ __forceinline__ FillRaw fill_issue(const ApParams &p, const Block &bk, const FillPlan &f)
 {
     const uint32_t tid = threadIdx.x, bd = blockDim.x;
-    const bool qk = bk.r_lo < p.hq + p.hk;
-    const uint32_t nw = qk && (p.q_w || p.k_w) ? 2 * p.D : 0;
-    const bool slot = p.slots && tid < bk.tt; /* tt <= threads (plan_launch) */
-    const int64_t sv = slot ? slot_at(p, bk.t0 + tid) : 0;
-    float w[kWBatch];
-#pragma unroll
-    for (uint32_t b = 0; b < kWBatch; b++)
-        w[b] = tid + b * bd < nw ? weight_at(p, tid + b * bd) : 0.0f;
-    if (qk) { /* fill_angles's loop, written out: see angle_cs (run 30) */
-        const uint32_t n = bk.tt * p.half;
-        for (uint32_t j = tid; j < n; j += bd) {
-            const uint32_t tl = j / p.half;
-            sh.cs[j] = angle_cs(p.a, bk.t0 + tl, j - tl * p.half);
-        }
+    FillRaw r{};
+    if (tid < f.n) {
+        if (p.a.pos_dtype == LMK_I64)
+            r.pos = __ldg(reinterpret_cast<const unsigned long long *>(p.a.pos) + f.pos_at);
+        else
+            r.pos = __ldg(reinterpret_cast<const unsigned *>(p.a.pos) + f.pos_at);
+        if (p.a.ff)
+            r.ff = __ldg(reinterpret_cast<const unsigned *>(p.a.ff) + f.i);
+    }
+    if (p.slots && tid < bk.tt) { /* tt <= threads (plan_launch) */
+        if (p.slot_i64)
+            r.slot = __ldg(reinterpret_cast<const unsigned long long *>(p.slots) + bk.t0 + tid);
+        else
+            r.slot = __ldg(reinterpret_cast<const unsigned *>(p.slots) + bk.t0 + tid);
     }
 #pragma unroll
-    for (uint32_t b = 0; b < kWBatch; b++)
-        if (tid + b * bd < nw)
-            sh.w[tid + b * bd] = w[b];
-    for (uint32_t j = tid + kWBatch * bd; j < nw; j += bd)
+    for (uint32_t b = 0; b < kWBatch; b++) {
+        int dt;
+        uint32_t idx;
+        const void *w = weight_src(p, tid + b * bd, &dt, &idx);
+        if (tid + b * bd < f.nw && w)
+            r.w[b] = dt == LMK_F32 ? __ldg(reinterpret_cast<const unsigned *>(w) + idx)
+                                   : __ldg(reinterpret_cast<const unsigned short *>(w) + idx);
+    }
+    return r;
+}
+
+__device__ __forceinline__ void fill_finish(const ApParams &p, const Block &bk, const Shared &sh, const FillPlan &f,
+                                            const FillRaw &r)
+{
+    const uint32_t tid = threadIdx.x, bd = blockDim.x;
+    if (tid < f.n) {
+        double freq = f.freq;
+        if (p.a.ff)
+            freq = freq / (double)__uint_as_float(r.ff);
+        const double pos = p.a.pos_dtype == LMK_I64 ? (double)(long long)r.pos : (double)(int32_t)(uint32_t)r.pos;
+        sh.cs[tid] = scaled_cs(p.a, pos * freq);
+    }
+    for (uint32_t j = tid + bd; j < f.n; j += bd) {
+        const uint32_t tl = j / p.half;
+        sh.cs[j] = angle_cs(p.a, bk.t0 + tl, j - tl * p.half);
+    }
+#pragma unroll
+    for (uint32_t b = 0; b < kWBatch; b++) {
+        int dt;
+        uint32_t idx;
+        const void *w = weight_src(p, tid + b * bd, &dt, &idx);
+        if (tid + b * bd < f.nw) {
+            const uint32_t v = r.w[b];
+            const float x = dt == LMK_F32 ? __uint_as_float(v)
+                          : dt == LMK_BF16 ? __uint_as_float(v << 16)
+                                           : __half2float(__ushort_as_half((unsigned short)v));
+            sh.w[tid + b * bd] = w ? x + p.w_off : 0.0f;
+        }
+    }
+    for (uint32_t j = tid + kWBatch * bd; j < f.nw; j += bd)
         sh.w[j] = weight_at(p, j);
-    if (slot)
-        sh.slot[tid] = sv;
+    if (p.slots && tid < bk.tt)
+        sh.slot[tid] = p.slot_i64 ? (int64_t)r.slot : (int64_t)(int32_t)(uint32_t)r.slot;
 }
 
 /* Block blk of the plan: its tile of tokens (kernel_common.cuh's tile_group_at) and group of rows. */
@@ -845,13 +934,18 @@ __global__ void __launch_bounds__(kThreads, CHUNK ? 2 : 3) prologue_kernel(const
     const Kind &g = p.kind[kind == 2 ? 1 : 0];
     const unsigned char *in = row_in(p, kind, bk.t0 + tl, h);
     Raw<VE * ES> a[U], b[U];
+    const FillPlan fp = pl.batch_fill ? fill_plan(p, bk) : FillPlan{};
     pdl_enter(); /* everything above is parameter arithmetic; every memory access is below */
-    if (live)
-        load_items<ES, VE, U>(p, g, in, lane, L, a, b);
-    if (pl.batch_fill)
-        fill_shared_batched(p, bk, sh);
-    else
+    if (pl.batch_fill) {
+        const FillRaw fr = fill_issue(p, bk, fp);
+        if (live)
+            load_items<ES, VE, U>(p, g, in, lane, L, a, b);
+        fill_finish(p, bk, sh, fp, fr);
+    } else {
+        if (live)
+            load_items<ES, VE, U>(p, g, in, lane, L, a, b);
         fill_shared(p, bk, sh);
+    }
     __syncthreads();
     const bool norm = live && (kind == 0 ? p.q_w != nullptr : kind == 1 && p.k_w != nullptr);
     float ss = 0.0f;
@@ -866,6 +960,46 @@ __global__ void __launch_bounds__(kThreads, CHUNK ? 2 : 3) prologue_kernel(const
     ss = team_sum(ss, L);
     if (live)
         emit_row<DT, VE, U, CHUNK>(p, sh, bk, tl, kind, h, in, norm, rsqrtf(fmaf(ss, p.inv_d, p.eps)), lane, L, a, b);
+}
+
+/* The small-call kernel (LaunchPlan.decode: 16-byte units, at most 32 items a row, few rows a
+ * call): prologue_kernel with one item a lane (L = the row's items rounded up to a power of two, so
+ * no chunks and no second item), the batched fill, and the f8 paths compiled in only when the call
+ * has an f8 cache. A decode call is a few blocks whose warps each run one serial chain (Nsight
+ * Compute, Qwen3-8B T = 1 bf16: 3 blocks of 4 warps, ~650 instructions a warp, one issued every
+ * ~7 cycles), so its time is the length of that chain; prologue_kernel's carries two items a lane,
+ * the chunk loop and every (f8, norm) path. docs/cuda_notes.md, attn_prologue version 5: T = 1
+ * calls 21-36% faster in a graph (Qwen3-8B bf16 3.08 -> 2.25 us). */
+template <int DT, int VE, bool F8>
+__global__ void __launch_bounds__(kSpreadThreads) prologue_decode_kernel(const __grid_constant__ ApParams p)
+{
+    constexpr int ES = Elem<DT>::size;
+    extern __shared__ __align__(16) float4 smem[];
+    const Plan &pl = p.pl;
+    const Block bk = block_of(p, blockIdx.x); /* plan_launch: n_blocks < 2^31 here */
+    const Shared sh{reinterpret_cast<float2 *>(smem), reinterpret_cast<float *>(smem) + pl.w_at,
+                    reinterpret_cast<int64_t *>(reinterpret_cast<unsigned char *>(smem) + pl.slot_at)};
+    const uint32_t L = 1u << pl.l_log2, lane = threadIdx.x & (L - 1u);
+
+    uint32_t tl = 0, r = 0, h = 0;
+    const bool live = task_of(p, bk, threadIdx.x >> pl.l_log2, &tl, &r);
+    const int kind = kind_of(p, r, &h);
+    const Kind &g = p.kind[kind == 2 ? 1 : 0];
+    const unsigned char *in = row_in(p, kind, bk.t0 + tl, h);
+    Raw<VE * ES> a[1], b[1];
+    const FillPlan fp = fill_plan(p, bk);
+    pdl_enter(); /* everything above is parameter arithmetic; every memory access is below */
+    const FillRaw fr = fill_issue(p, bk, fp);
+    if (live)
+        load_items<ES, VE, 1>(p, g, in, lane, L, a, b);
+    fill_finish(p, bk, sh, fp, fr);
+    __syncthreads();
+    const bool norm = live && (kind == 0 ? p.q_w != nullptr : kind == 1 && p.k_w != nullptr);
+    float ss = norm ? sum_sq<DT, VE, 1>(a, b) : 0.0f;
+    ss = team_sum(ss, L);
+    if (live)
+        emit_row<DT, VE, 1, false, F8>(p, sh, bk, tl, kind, h, in, norm, rsqrtf(fmaf(ss, p.inv_d, p.eps)), lane, L,
+                                       a, b);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1132,6 +1266,7 @@ struct LaunchPlan {
     bool pdl;    /* programmatic stream serialization (lmk_cuda_device.pdl; kernel_common.cuh) */
     bool stream; /* prologue_stream_kernel, on at most the blocks that fit the GPU at once */
     bool ahead;  /* its AHEAD order (no f8 cache) */
+    bool decode; /* prologue_decode_kernel (plan_team) */
     int sm_count;
 };
 
@@ -1155,13 +1290,29 @@ cudaError_t launch(const ApParams &p, const LaunchPlan &L, cudaStream_t st)
     return lmk_cuda_start(prologue_kernel<DT, VE, U, CHUNK>, p, L.blocks, L.threads, L.smem, st, L.pdl);
 }
 
-/* The instantiations: 16-byte units (U = 2) and one-element units of any alignment (U = 4), each
- * with and without chunks. Units of 8 or 4 bytes are not instantiated: a shape that is not 16-byte
- * aligned takes one-element units (plan_units). */
+/* prologue_decode_kernel (plan_decode_units): 16-byte units without an f8 cache; with one, the f8
+ * paths compiled in and units of kDecodeF8Elems (or 16 bytes where a row would then exceed 32
+ * items). */
+template <int DT> cudaError_t launch_decode(uint32_t ve, const ApParams &p, const LaunchPlan &L, cudaStream_t st)
+{
+    constexpr int V16 = 16 / Elem<DT>::size;
+    const bool f8 = p.cache[0].f8 || p.cache[1].f8;
+    void (*k)(ApParams) = !f8 ? prologue_decode_kernel<DT, V16, false>
+                        : ve == V16 ? prologue_decode_kernel<DT, V16, true>
+                                    : prologue_decode_kernel<DT, kDecodeF8Elems, true>;
+    return lmk_cuda_start(k, p, L.blocks, L.threads, L.smem, st, L.pdl);
+}
+
+/* The instantiations of prologue_kernel and prologue_stream_kernel: 16-byte units (U = 2) and
+ * one-element units of any alignment (U = 4), each with and without chunks. Units of 8 or 4 bytes
+ * are not instantiated there: a shape that is not 16-byte aligned takes one-element units
+ * (plan_units). */
 template <int DT>
 cudaError_t launch_ve(uint32_t ve, bool chunk, const ApParams &p, const LaunchPlan &L, cudaStream_t st)
 {
     constexpr int V16 = 16 / Elem<DT>::size;
+    if (L.decode)
+        return launch_decode<DT>(ve, p, L, st);
     if (ve == 1)
         return chunk ? launch<DT, 1, kItems<Elem<DT>::size>, true>(p, L, st)
                      : launch<DT, 1, kItems<Elem<DT>::size>, false>(p, L, st);
@@ -1198,6 +1349,10 @@ template <int DT> void preload_dtype(cudaError_t *first)
     constexpr int V16 = 16 / Elem<DT>::size, U1 = kItems<Elem<DT>::size>;
     preload_one(prologue_stream_kernel<DT, V16, kItems<16>, true>, false, first);
     preload_one(prologue_stream_kernel<DT, V16, kItems<16>, false>, false, first);
+    preload_one(prologue_decode_kernel<DT, V16, false>, false, first);
+    preload_one(prologue_decode_kernel<DT, V16, true>, false, first);
+    if constexpr (V16 != kDecodeF8Elems)
+        preload_one(prologue_decode_kernel<DT, kDecodeF8Elems, true>, false, first);
     preload_one(prologue_kernel<DT, V16, kItems<16>, false>, false, first);
     preload_one(prologue_kernel<DT, V16, kItems<16>, true>, true, first);
     preload_one(prologue_kernel<DT, 1, U1, false>, false, first);
@@ -1284,26 +1439,62 @@ void plan_kinds(const lmk_attn_prologue_args *a, uint32_t ve, ApParams *p)
 }
 
 /* Lanes per team: the fewest (a power of two, up to 32) whose U items each cover the widest row;
- * rows beyond 32 * U items go in chunks. A small call of a 2-byte type (its rows at U items a lane
- * fill at most two 256-thread blocks per SM: decode) takes a lane per item instead: each warp runs
- * about half the instructions, and at T = 1 a warp's serial instruction stream is most of the
- * call. Run 19: Qwen3-8B T=1 bf16 3.45 -> 3.23 us, with an f8 cache 5.43 -> 4.10; f32 lost
- * (3.14 -> 3.35 us), so f32 keeps U items a lane. */
-void plan_team(ApParams *p, uint32_t u, uint64_t seq, int sm_count, bool two_byte, bool *chunk)
+ * rows beyond 32 * U items go in chunks. A small call (its rows at U items a lane fill at most two
+ * 256-thread blocks per SM: decode) of at most 32 items a row takes a lane per item instead: each
+ * warp runs about half the instructions, and at T = 1 a warp's serial instruction stream is most
+ * of the call (run 19, prologue_kernel: Qwen3-8B T=1 bf16 3.45 -> 3.23 us, with an f8 cache 5.43 ->
+ * 4.10). With 16-byte units such a call runs prologue_decode_kernel (*decode), f32 included (run
+ * 33: f32 T=1 2.46 -> 2.28 us there); with one-element units f32 keeps U items a lane, since in
+ * prologue_kernel a lane per item lost (run 19: 3.14 -> 3.35 us). */
+uint32_t max_items(const ApParams *p)
 {
-    const uint32_t items = p->kind[0].items > p->kind[1].items ? p->kind[0].items : p->kind[1].items;
-    uint32_t L = pow2_ceil(ceil_div(items, u));
-    const uint64_t sms = (uint64_t)(sm_count > 0 ? sm_count : 1);
-    if (two_byte && items <= 32 && seq * p->rows * L <= 2 * sms * kThreads)
-        L = pow2_ceil(items);
-    L = L > 32 ? 32 : L;
-    *chunk = (uint64_t)L * u < items;
+    return p->kind[0].items > p->kind[1].items ? p->kind[0].items : p->kind[1].items;
+}
+
+void set_lanes(ApParams *p, uint32_t L, uint32_t u)
+{
     uint32_t lg = 0;
     while ((1u << lg) < L)
         lg++;
     p->pl.l_log2 = lg;
     for (int i = 0; i < 2; i++)
         p->kind[i].chunks = (uint32_t)ceil_div(p->kind[i].items, L * u);
+}
+
+void plan_team(ApParams *p, uint32_t u, uint64_t seq, int sm_count, bool two_byte, bool units16, bool *chunk,
+               bool *decode)
+{
+    const uint32_t items = max_items(p);
+    uint32_t L = pow2_ceil(ceil_div(items, u));
+    const uint64_t sms = (uint64_t)(sm_count > 0 ? sm_count : 1);
+    const bool small = items <= 32 && seq * p->rows * L <= 2 * sms * kThreads;
+    *decode = small && units16;
+    if (small && (two_byte || *decode))
+        L = pow2_ceil(items);
+    L = L > 32 ? 32 : L;
+    *chunk = (uint64_t)L * u < items;
+    set_lanes(p, L, u);
+}
+
+/* A decode call (plan_team's *decode) with an f8 cache narrows its units to kDecodeF8Elems
+ * elements (kDecodeF8Elems codes a cache store), or as near as a row stays within 32 items: each
+ * lane then holds fewer elements and a row more lanes. Run 32 (docs/cuda_notes.md, attn_prologue
+ * version 5): Qwen3-8B T=1 bf16 with an f8 cache 3.11 us with 16-byte units, 2.65 with 8-byte
+ * ones; without an f8 cache 8-byte units lost (run 33: 2.25 -> 2.32 us, T=64 2.95 -> 3.25), so
+ * those calls keep 16-byte units. Returns the unit width (elements). */
+uint32_t plan_decode_units(const lmk_attn_prologue_args *a, uint32_t ve, ApParams *p)
+{
+    const uint32_t target = p->cache[0].f8 || p->cache[1].f8 ? kDecodeF8Elems : ve;
+    uint32_t best = ve;
+    for (uint32_t v = ve / 2; v >= target; v /= 2) {
+        plan_kinds(a, v, p);
+        if (max_items(p) > 32)
+            break;
+        best = v;
+    }
+    plan_kinds(a, best, p);
+    set_lanes(p, pow2_ceil(max_items(p)), 1);
+    return best;
 }
 
 /* The host's angle tables, one per recent configuration of this thread. n == 0: empty. */
@@ -1411,7 +1602,7 @@ void plan_launch(ApParams *p, int sm_count, bool units16, LaunchPlan *L)
     Plan &pl = p->pl;
     const uint64_t lanes = 1u << pl.l_log2, seq = pl.seq, rows = p->rows;
     const uint64_t sms = (uint64_t)(sm_count > 0 ? sm_count : 1);
-    const bool spread = seq * rows * lanes <= 2 * sms * kThreads;
+    const bool spread = L->decode || seq * rows * lanes <= 2 * sms * kThreads;
     pl.batch_fill = spread;
     const uint64_t cap = (spread ? kSpreadThreads : kThreads) / lanes; /* teams per block */
     uint64_t tile = 1, groups = 1;
@@ -1445,7 +1636,7 @@ void plan_launch(ApParams *p, int sm_count, bool units16, LaunchPlan *L)
      * the weights, two slot tables, two staging areas of 2 * U 16-byte units a thread and 16 bytes
      * a thread for its staged position and slot. Past 48 KB (head_dim near 1024 with a full rope)
      * the blocks stay prologue_kernel's. The AHEAD order without an f8 cache (run 28). */
-    if (!spread && units16) {
+    if (!spread && units16) { /* (spread whenever L->decode) */
         const uint64_t slot_bytes = p->slots ? ceil_div(tile * sizeof(int64_t), 16) * 16 : 0;
         const uint64_t stage_bytes = 2ull * kItems<16> * L->threads.x * 16;
         const uint64_t total = 2 * cs_bytes + w_bytes + 2 * slot_bytes + 2 * stage_bytes + 16ull * L->threads.x;
@@ -1483,14 +1674,16 @@ lmk_status lmk_cuda_attn_prologue(lmk_stream *s, const void *args)
                         "2^31 - 1", op, (unsigned long long)rows);
     ApParams p{};
     plan_operands(a, &p);
-    const uint32_t ve = plan_units(a);
+    uint32_t ve = plan_units(a);
     plan_kinds(a, ve, &p);
     bool chunk;
+    LaunchPlan L;
     plan_team(&p, ve == 1 ? (r->dtype == LMK_F32 ? kItems<4> : kItems<2>) : kItems<16>, r->seq_len, d->sm_count,
-              r->dtype != LMK_F32, &chunk);
+              r->dtype != LMK_F32, ve > 1, &chunk, &L.decode);
+    if (L.decode)
+        ve = plan_decode_units(a, ve, &p);
     plan_angles(&r->angle, &p.a);
     p.pl.seq = r->seq_len;
-    LaunchPlan L;
     plan_launch(&p, d->sm_count, ve > 1 && !chunk, &L);
     L.pdl = d->pdl;
     if (L.smem > (chunk ? kChunkSmem : 48 * 1024)) /* cannot happen for head_dim, Dv <= 4096 */
