@@ -740,6 +740,7 @@ typedef struct spec {
     int outputs, cache;
     bool f8, no_v, no_k_cache, text_pos, padding, nan_payloads, q_norm_only, k_norm_only, in_place;
     bool far_pos;             /* positions within 4096 of +-(2^20 - 1), both signs (text positions) */
+    bool w_off1;              /* norm weights one element into their buffers: not 16-byte aligned */
     float k_scale, v_scale;
     lmk_rope_pairing pairing;
     float freq_scale, ext_factor, attn_factor;
@@ -942,10 +943,15 @@ static void build_case(ap_case *c, const spec *s, uint64_t seed)
     build_qkv(c, s);
     if (m->norm) {
         const int fill = m->w_off == 1.0f ? FILL_W1 : FILL_W0;
-        if (!s->k_norm_only)
-            op_flat(c, QW, region_add(c, s->w_dt, m->d, fill), m->d);
-        if (!s->q_norm_only)
-            op_flat(c, KW, region_add(c, s->w_dt, m->d, fill), m->d);
+        const size_t o = s->w_off1 ? 1 : 0;
+        if (!s->k_norm_only) {
+            op_flat(c, QW, region_add(c, s->w_dt, m->d + o, fill), m->d);
+            c->op[QW].off = o;
+        }
+        if (!s->q_norm_only) {
+            op_flat(c, KW, region_add(c, s->w_dt, m->d + o, fill), m->d);
+            c->op[KW].off = o;
+        }
     }
     if (m->llama3)
         op_flat(c, FF, region_add(c, LMK_F32, m->r / 2, FILL_NONE), m->r / 2);
@@ -1074,7 +1080,7 @@ static void shape(spec *s, uint32_t hq, uint32_t hk, uint32_t d, uint32_t r, lmk
     s->m.hq = hq, s->m.hk = hk, s->m.d = d, s->m.r = r, s->m.mode = mode, s->m.layout = layout;
 }
 
-/* The edge specs, into e (room for 32); returns how many. */
+/* The edge specs, into e (room for 40); returns how many. */
 static int edge_specs(spec *e)
 {
     int n = 0;
@@ -1128,12 +1134,17 @@ static int edge_specs(spec *e)
     s.no_k_cache = true, s.m.layout = L_DENSE, s.k_norm_only = true, s.f8 = true, e[n++] = s;
     s = edge(M_Q3_8B, 1, LMK_BF16, "(a cache of one row)");
     s.extra_rows = 0, s.cache = C_COMBINED, e[n++] = s;
+    /* CUDA's small-call fill reads weights in 16-byte units only where they are aligned to them */
+    s = edge(M_Q35_27B, 1, LMK_BF16, "(norm weights not 16-byte aligned, decode)");
+    s.w_off1 = true, e[n++] = s;
+    s = edge(M_Q3_8B, 5, LMK_F32, "(norm weights not 16-byte aligned, f16 weights)");
+    s.w_off1 = true, s.w_dt = LMK_F16, e[n++] = s;
     return n;
 }
 
 static void test_edges(const tst_dev *devs, int n_dev)
 {
-    spec e[32];
+    spec e[40];
     const int n = edge_specs(e);
     const double t0 = tst_now();
     int failed = 0;

@@ -157,6 +157,7 @@ struct Plan {
     uint32_t l_log2;  /* L = 1 << l_log2 lanes per team */
     uint32_t w_at, slot_at;
     uint32_t batch_fill; /* small calls: fill_plan, fill_issue, fill_finish */
+    uint32_t wq_u, wk_u; /* batch_fill: the q and k weights' 16-byte units (0: absent); both 0: by element */
     /* prologue_stream_kernel (prefill, 16-byte units): the second (cos, sin) table (float2 index),
      * the second slot table and the two staging areas (bytes) */
     uint32_t cs2_at, slot2_at, stage_at;
@@ -341,12 +342,19 @@ __device__ __forceinline__ void put_raw(const ApParams &p, const Dst &d, uint32_
 }
 
 /* The angle factor (ff = 1) and axis of a pair past the host's table: rope_common.h's rules on the
- * device (pow is an out-of-line call; kept out of the kernel's main line). */
-__device__ __noinline__ double far_freq(const AnglePlan &a, uint32_t i, uint32_t *axis)
+ * device (pow is an out-of-line call; kept out of the kernel's main line). Returned by value: an
+ * axis passed back through a pointer put it in local memory on every thread's path. */
+struct FarFreq {
+    double freq;
+    uint32_t axis;
+};
+
+__device__ __noinline__ FarFreq far_freq(const AnglePlan &a, uint32_t i)
 {
     uint32_t j;
-    *axis = (uint32_t)lmk_rope_axis_j(a.mode, a.sections, i, &j);
-    return lmk_rope_freq(a.freq_base, a.exp_n, a.freq_scale, a.ext_factor, a.ramp_low, a.ramp_high, i, j, 1.0);
+    const uint32_t axis = (uint32_t)lmk_rope_axis_j(a.mode, a.sections, i, &j);
+    return FarFreq{lmk_rope_freq(a.freq_base, a.exp_n, a.freq_scale, a.ext_factor, a.ramp_low, a.ramp_high, i, j, 1.0),
+                   axis};
 }
 
 /* (cos, sin)(theta) times m. */
@@ -364,10 +372,12 @@ __device__ __forceinline__ float2 angle_cs(const AnglePlan &a, uint64_t t, uint3
 {
     double freq;
     uint32_t axis;
-    if (i < kTabPairs)
+    if (i < kTabPairs) {
         freq = a.freq[i], axis = a.axis[i];
-    else
-        freq = far_freq(a, i, &axis);
+    } else {
+        const FarFreq ff = far_freq(a, i);
+        freq = ff.freq, axis = ff.axis;
+    }
     if (a.ff)
         freq = freq / (double)__ldg(a.ff + i);
     return scaled_cs(a, lmk_rope_pos(a.pos, a.pos_dtype, (uint64_t)axis * a.pos_axis_stride + t) * freq);
@@ -402,6 +412,13 @@ struct Shared {
     int64_t *slot;
 };
 
+/* The tables of prologue_kernel and prologue_decode_kernel in their dynamic shared memory. */
+__device__ __forceinline__ Shared block_shared(const Plan &pl, float4 *smem)
+{
+    return Shared{reinterpret_cast<float2 *>(smem), reinterpret_cast<float *>(smem) + pl.w_at,
+                  reinterpret_cast<int64_t *>(reinterpret_cast<unsigned char *>(smem) + pl.slot_at)};
+}
+
 /* The block's tile and row group. */
 struct Block {
     uint64_t t0;  /* first token */
@@ -433,6 +450,24 @@ __device__ __forceinline__ const unsigned char *row_in(const ApParams &p, int ki
 {
     const Tensor &x = kind == 0 ? p.q_in : kind == 1 ? p.k_in : p.v_in;
     return x.p + t * x.tok + (uint64_t)h * x.head;
+}
+
+/* A thread's row of a block of the plan (live: the team has one). */
+struct RowTask {
+    const unsigned char *in;
+    uint32_t tl, h;
+    int kind;
+    bool live;
+};
+
+__device__ __forceinline__ RowTask row_task(const ApParams &p, const Block &bk, uint32_t team)
+{
+    RowTask t{};
+    uint32_t r = 0;
+    t.live = task_of(p, bk, team, &t.tl, &r);
+    t.kind = kind_of(p, r, &t.h);
+    t.in = row_in(p, t.kind, bk.t0 + t.tl, t.h);
+    return t;
 }
 
 /* Element offset of copy unit c. */
@@ -644,22 +679,46 @@ __device__ __forceinline__ void emit_copy(const ApParams &p, const Kind &g, cons
     }
 }
 
+/* What a row's destinations need before its slot is known (parameters only): its output row, and
+ * its head's place in the cache with the cache's row stride and rows. */
+struct DstBase {
+    unsigned char *out, *cache; /* nullptr: not written */
+    uint64_t tok, rows;
+    bool f8;
+    int ci;
+};
+
+__device__ __forceinline__ DstBase dst_base(const ApParams &p, int kind, uint64_t t, uint32_t h)
+{
+    const int ci = kind == 2 ? 1 : 0;
+    const Cache &c = p.cache[ci];
+    const Tensor &o = kind == 0 ? p.q_out : p.k_out;
+    DstBase b{nullptr, nullptr, c.t.tok, c.rows, c.f8 != 0, ci};
+    if (kind != 2 && o.p)
+        b.out = o.p + t * o.tok + (uint64_t)h * o.head;
+    if (kind != 0 && c.t.p)
+        b.cache = c.t.p + (uint64_t)h * c.t.head;
+    return b;
+}
+
+/* The destinations once the row's slot is in shared memory (read only where there is a cache): a
+ * negative or out-of-range slot writes no cache row. */
+__device__ __forceinline__ Dst dst_at(const DstBase &b, const int64_t *slot)
+{
+    Dst d{b.out, nullptr, false, b.ci};
+    if (b.cache) {
+        const int64_t s = *slot;
+        if (s >= 0 && (uint64_t)s < b.rows)
+            d.cache = b.cache + (uint64_t)s * b.tok, d.f8 = b.f8;
+    }
+    return d;
+}
+
 /* The destinations of row (kind, h) of token t (block-local tl). */
 __device__ __forceinline__ Dst dst_of(const ApParams &p, const Shared &sh, int kind, uint64_t t, uint32_t tl,
                                       uint32_t h)
 {
-    const int ci = kind == 2 ? 1 : 0;
-    const Cache &c = p.cache[ci];
-    Dst d{nullptr, nullptr, false, ci};
-    const Tensor &o = kind == 0 ? p.q_out : p.k_out;
-    if (kind != 2 && o.p)
-        d.out = o.p + t * o.tok + (uint64_t)h * o.head;
-    if (kind != 0 && c.t.p) {
-        const int64_t s = sh.slot[tl];
-        if (s >= 0 && (uint64_t)s < c.rows)
-            d.cache = c.t.p + (uint64_t)s * c.t.tok + (uint64_t)h * c.t.head, d.f8 = c.f8 != 0;
-    }
-    return d;
+    return dst_at(dst_base(p, kind, t, h), sh.slot + tl);
 }
 
 /* The outputs of the items base + u*L (u < U) of a row. (A loop over u instead of U unrolled
@@ -690,18 +749,17 @@ __device__ __forceinline__ float team_sum(float v, uint32_t L)
     return v;
 }
 
-/* The outputs of a row (kind, head h) of token t0 + tl whose chunk 0 is in a, b; rn from the norm.
+/* The outputs of a row of kind `kind` of token t0 + tl to d, whose chunk 0 is in a, b; rn from the norm.
  * CHUNK: a row may be longer than one chunk of L*U items; every chunk is loaded again here (the
  * same lane reads and writes each element, so in place still holds). F8: the call may have an f8
  * cache (without, the f8 paths are not compiled in). */
 template <int DT, int VE, int U, bool CHUNK, bool F8 = true>
-__device__ __forceinline__ void emit_row(const ApParams &p, const Shared &sh, const Block &bk, uint32_t tl, int kind,
-                                         uint32_t h, const unsigned char *in, bool norm, float rn, uint32_t lane,
-                                         uint32_t L, Raw<VE * Elem<DT>::size> (&a)[U], Raw<VE * Elem<DT>::size> (&b)[U])
+__device__ __forceinline__ void emit_row(const ApParams &p, const Shared &sh, const Dst &d, uint32_t tl, int kind,
+                                         const unsigned char *in, bool norm, float rn, uint32_t lane, uint32_t L,
+                                         Raw<VE * Elem<DT>::size> (&a)[U], Raw<VE * Elem<DT>::size> (&b)[U])
 {
     const float *w = sh.w + (kind == 1 ? p.D : 0); /* read only with a norm */
     const Kind &g = p.kind[kind == 2 ? 1 : 0];
-    const Dst d = dst_of(p, sh, kind, bk.t0 + tl, tl, h);
     const float2 *cs = sh.cs + (size_t)tl * p.half;
     const uint32_t chunks = CHUNK ? g.chunks : 1;
     for (uint32_t c = 0; c < chunks; c++) {
@@ -787,10 +845,11 @@ __device__ void fill_shared(const ApParams &p, const Block &bk, const Shared &sh
  * did so once per table. fill_plan takes only the parameters (it runs before pdl_enter): the
  * thread's first (token, pair) entry j = threadIdx.x, its angle factor from the host's table (a
  * constant-bank read at a per-thread index, which the hardware serialises across the warp) and its
- * position's index. fill_issue loads raw words: the position, the freq_factor, the slot and up to
- * kWBatch weights. fill_finish converts them, forms the angle (the arithmetic of angle_cs: the
- * same bits) and stores the tables; entries past the first (a tile of more tokens than threads per
- * pair) and weights past kWBatch go the plain way. */
+ * position's index. fill_issue loads raw words: the position, the freq_factor, the slot and the
+ * thread's 16-byte unit of the weights (plan_weight_units; else up to kWBatch weights one by one).
+ * fill_finish converts them, forms the angle (the arithmetic of angle_cs: the same bits) and
+ * stores the tables; entries past the first (a tile of more tokens than threads per pair) and
+ * weights past the first unit (or past kWBatch) go the plain way. */
 struct FillPlan {
     double freq;     /* the entry's angle factor before the freq_factor */
     uint64_t pos_at; /* its position's index */
@@ -802,6 +861,7 @@ struct FillRaw {
     unsigned long long pos, slot; /* raw: 32-bit values in the low word */
     uint32_t ff;
     uint32_t w[kWBatch]; /* f32 bits, or a 2-byte weight in the low half */
+    uint4 wu;            /* with 16-byte weight units (Plan.wq_u, wk_u): the thread's unit */
 };
 
 __device__ __forceinline__ FillPlan fill_plan(const ApParams &p, const Block &bk)
@@ -814,10 +874,12 @@ __device__ __forceinline__ FillPlan fill_plan(const ApParams &p, const Block &bk
         const uint32_t tl = threadIdx.x / p.half;
         uint32_t axis;
         f.i = threadIdx.x - tl * p.half;
-        if (f.i < kTabPairs)
+        if (f.i < kTabPairs) {
             f.freq = p.a.freq[f.i], axis = p.a.axis[f.i];
-        else
-            f.freq = far_freq(p.a, f.i, &axis);
+        } else {
+            const FarFreq ff = far_freq(p.a, f.i);
+            f.freq = ff.freq, axis = ff.axis;
+        }
         f.pos_at = (uint64_t)axis * p.a.pos_axis_stride + bk.t0 + tl;
     }
     return f;
@@ -830,6 +892,38 @@ __device__ __forceinline__ const void *weight_src(const ApParams &p, uint32_t j,
     *dt = k ? p.k_w_dt : p.q_w_dt;
     *idx = k ? j - p.D : j;
     return k ? p.k_w : p.q_w;
+}
+
+/* 16-byte unit u of the weights (Plan.wq_u q units, then Plan.wk_u k units). */
+__device__ __forceinline__ uint4 weight_unit(const ApParams &p, uint32_t u)
+{
+    const bool k = u >= p.pl.wq_u;
+    return __ldg(reinterpret_cast<const uint4 *>(k ? p.k_w : p.q_w) + (k ? u - p.pl.wq_u : u));
+}
+
+/* Unit u's weights + weight_offset into the shared table (4 of f32, 8 of a 2-byte dtype): the
+ * values of weight_at, two or one 16-byte stores. */
+__device__ __forceinline__ void put_weight_unit(const ApParams &p, const Shared &sh, uint32_t u, uint4 v)
+{
+    const bool k = u >= p.pl.wq_u;
+    const uint32_t uu = k ? u - p.pl.wq_u : u;
+    const int dt = k ? p.k_w_dt : p.q_w_dt;
+    const float o = p.w_off;
+    float4 *at = reinterpret_cast<float4 *>(sh.w + (k ? p.D : 0));
+    if (dt == LMK_F32) {
+        at[uu] = make_float4(__uint_as_float(v.x) + o, __uint_as_float(v.y) + o, __uint_as_float(v.z) + o,
+                             __uint_as_float(v.w) + o);
+        return;
+    }
+    const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
+    float x[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const uint32_t h = (wd[i / 2] >> (16 * (i & 1))) & 0xffffu;
+        x[i] = (dt == LMK_BF16 ? __uint_as_float(h << 16) : __half2float(__ushort_as_half((unsigned short)h))) + o;
+    }
+    at[2 * uu] = make_float4(x[0], x[1], x[2], x[3]);
+    at[2 * uu + 1] = make_float4(x[4], x[5], x[6], x[7]);
 }
 
 __device__ __forceinline__ FillRaw fill_issue(const ApParams &p, const Block &bk, const FillPlan &f)
@@ -850,16 +944,44 @@ __device__ __forceinline__ FillRaw fill_issue(const ApParams &p, const Block &bk
         else
             r.slot = __ldg(reinterpret_cast<const unsigned *>(p.slots) + bk.t0 + tid);
     }
+    if (p.pl.wq_u + p.pl.wk_u) {
+        if (f.nw && tid < p.pl.wq_u + p.pl.wk_u)
+            r.wu = weight_unit(p, tid);
+        return r;
+    }
 #pragma unroll
     for (uint32_t b = 0; b < kWBatch; b++) {
         int dt;
         uint32_t idx;
         const void *w = weight_src(p, tid + b * bd, &dt, &idx);
-        if (tid + b * bd < f.nw && w)
-            r.w[b] = dt == LMK_F32 ? __ldg(reinterpret_cast<const unsigned *>(w) + idx)
-                                   : __ldg(reinterpret_cast<const unsigned short *>(w) + idx);
+        if (tid + b * bd < f.nw && w) { /* a load of either width at one address: no branch */
+            const unsigned char *at = reinterpret_cast<const unsigned char *>(w) + (size_t)idx * (dt == LMK_F32 ? 4 : 2);
+            r.w[b] = dt == LMK_F32 ? __ldg(reinterpret_cast<const unsigned *>(at))
+                                   : __ldg(reinterpret_cast<const unsigned short *>(at));
+        }
     }
     return r;
+}
+
+/* fill_finish's weights without 16-byte units: kWBatch loaded by fill_issue, the rest here. */
+__device__ __forceinline__ void put_weights_by_element(const ApParams &p, const Shared &sh, const FillPlan &f,
+                                                       const FillRaw &r)
+{
+    const uint32_t tid = threadIdx.x, bd = blockDim.x;
+#pragma unroll
+    for (uint32_t b = 0; b < kWBatch; b++) {
+        int dt;
+        uint32_t idx;
+        const void *w = weight_src(p, tid + b * bd, &dt, &idx);
+        if (tid + b * bd < f.nw) { /* the widening by selects, not a branch on the dtype */
+            const uint32_t v = r.w[b];
+            const float h = __half2float(__ushort_as_half((unsigned short)v));
+            const float x = __uint_as_float(dt == LMK_F32 ? v : v << 16);
+            sh.w[tid + b * bd] = w ? (dt == LMK_F16 ? h : x) + p.w_off : 0.0f;
+        }
+    }
+    for (uint32_t j = tid + kWBatch * bd; j < f.nw; j += bd)
+        sh.w[j] = weight_at(p, j);
 }
 
 __device__ __forceinline__ void fill_finish(const ApParams &p, const Block &bk, const Shared &sh, const FillPlan &f,
@@ -877,21 +999,15 @@ __device__ __forceinline__ void fill_finish(const ApParams &p, const Block &bk, 
         const uint32_t tl = j / p.half;
         sh.cs[j] = angle_cs(p.a, bk.t0 + tl, j - tl * p.half);
     }
-#pragma unroll
-    for (uint32_t b = 0; b < kWBatch; b++) {
-        int dt;
-        uint32_t idx;
-        const void *w = weight_src(p, tid + b * bd, &dt, &idx);
-        if (tid + b * bd < f.nw) {
-            const uint32_t v = r.w[b];
-            const float x = dt == LMK_F32 ? __uint_as_float(v)
-                          : dt == LMK_BF16 ? __uint_as_float(v << 16)
-                                           : __half2float(__ushort_as_half((unsigned short)v));
-            sh.w[tid + b * bd] = w ? x + p.w_off : 0.0f;
-        }
+    if (p.pl.wq_u + p.pl.wk_u) {
+        const uint32_t nu = f.nw ? p.pl.wq_u + p.pl.wk_u : 0;
+        if (tid < nu)
+            put_weight_unit(p, sh, tid, r.wu);
+        for (uint32_t u = tid + bd; u < nu; u += bd)
+            put_weight_unit(p, sh, u, weight_unit(p, u));
+    } else {
+        put_weights_by_element(p, sh, f, r);
     }
-    for (uint32_t j = tid + kWBatch * bd; j < f.nw; j += bd)
-        sh.w[j] = weight_at(p, j);
     if (p.slots && tid < bk.tt)
         sh.slot[tid] = p.slot_i64 ? (int64_t)r.slot : (int64_t)(int32_t)(uint32_t)r.slot;
 }
@@ -924,42 +1040,38 @@ __global__ void __launch_bounds__(kThreads, CHUNK ? 2 : 3) prologue_kernel(const
     if (blk >= pl.n_blocks)
         return;
     const Block bk = block_of(p, blk);
-    const Shared sh{reinterpret_cast<float2 *>(smem), reinterpret_cast<float *>(smem) + pl.w_at,
-                    reinterpret_cast<int64_t *>(reinterpret_cast<unsigned char *>(smem) + pl.slot_at)};
+    const Shared sh = block_shared(pl, smem);
     const uint32_t L = 1u << pl.l_log2, lane = threadIdx.x & (L - 1u);
-
-    uint32_t tl = 0, r = 0, h = 0;
-    const bool live = task_of(p, bk, threadIdx.x >> pl.l_log2, &tl, &r);
-    const int kind = kind_of(p, r, &h);
-    const Kind &g = p.kind[kind == 2 ? 1 : 0];
-    const unsigned char *in = row_in(p, kind, bk.t0 + tl, h);
+    const RowTask t = row_task(p, bk, threadIdx.x >> pl.l_log2);
+    const Kind &g = p.kind[t.kind == 2 ? 1 : 0];
     Raw<VE * ES> a[U], b[U];
     const FillPlan fp = pl.batch_fill ? fill_plan(p, bk) : FillPlan{};
     pdl_enter(); /* everything above is parameter arithmetic; every memory access is below */
     if (pl.batch_fill) {
         const FillRaw fr = fill_issue(p, bk, fp);
-        if (live)
-            load_items<ES, VE, U>(p, g, in, lane, L, a, b);
+        if (t.live)
+            load_items<ES, VE, U>(p, g, t.in, lane, L, a, b);
         fill_finish(p, bk, sh, fp, fr);
     } else {
-        if (live)
-            load_items<ES, VE, U>(p, g, in, lane, L, a, b);
+        if (t.live)
+            load_items<ES, VE, U>(p, g, t.in, lane, L, a, b);
         fill_shared(p, bk, sh);
     }
     __syncthreads();
-    const bool norm = live && (kind == 0 ? p.q_w != nullptr : kind == 1 && p.k_w != nullptr);
+    const bool norm = t.live && (t.kind == 0 ? p.q_w != nullptr : t.kind == 1 && p.k_w != nullptr);
     float ss = 0.0f;
     if (norm) {
         ss = sum_sq<DT, VE, U>(a, b);
         if constexpr (CHUNK)
             for (uint32_t c = 1; c < g.chunks; c++) {
-                load_items<ES, VE, U>(p, g, in, lane + c * L * U, L, a, b);
+                load_items<ES, VE, U>(p, g, t.in, lane + c * L * U, L, a, b);
                 ss += sum_sq<DT, VE, U>(a, b);
             }
     }
     ss = team_sum(ss, L);
-    if (live)
-        emit_row<DT, VE, U, CHUNK>(p, sh, bk, tl, kind, h, in, norm, rsqrtf(fmaf(ss, p.inv_d, p.eps)), lane, L, a, b);
+    if (t.live)
+        emit_row<DT, VE, U, CHUNK>(p, sh, dst_of(p, sh, t.kind, bk.t0 + t.tl, t.tl, t.h), t.tl, t.kind, t.in, norm,
+                                   rsqrtf(fmaf(ss, p.inv_d, p.eps)), lane, L, a, b);
 }
 
 /* The small-call kernel (LaunchPlan.decode: 16-byte units, at most 32 items a row, few rows a
@@ -977,29 +1089,25 @@ __global__ void __launch_bounds__(kSpreadThreads) prologue_decode_kernel(const _
     extern __shared__ __align__(16) float4 smem[];
     const Plan &pl = p.pl;
     const Block bk = block_of(p, blockIdx.x); /* plan_launch: n_blocks < 2^31 here */
-    const Shared sh{reinterpret_cast<float2 *>(smem), reinterpret_cast<float *>(smem) + pl.w_at,
-                    reinterpret_cast<int64_t *>(reinterpret_cast<unsigned char *>(smem) + pl.slot_at)};
+    const Shared sh = block_shared(pl, smem);
     const uint32_t L = 1u << pl.l_log2, lane = threadIdx.x & (L - 1u);
-
-    uint32_t tl = 0, r = 0, h = 0;
-    const bool live = task_of(p, bk, threadIdx.x >> pl.l_log2, &tl, &r);
-    const int kind = kind_of(p, r, &h);
-    const Kind &g = p.kind[kind == 2 ? 1 : 0];
-    const unsigned char *in = row_in(p, kind, bk.t0 + tl, h);
+    const RowTask t = row_task(p, bk, threadIdx.x >> pl.l_log2);
+    const Kind &g = p.kind[t.kind == 2 ? 1 : 0];
+    const DstBase db = dst_base(p, t.kind, bk.t0 + t.tl, t.h); /* before the wait: parameters only */
     Raw<VE * ES> a[1], b[1];
     const FillPlan fp = fill_plan(p, bk);
     pdl_enter(); /* everything above is parameter arithmetic; every memory access is below */
     const FillRaw fr = fill_issue(p, bk, fp);
-    if (live)
-        load_items<ES, VE, 1>(p, g, in, lane, L, a, b);
+    if (t.live)
+        load_items<ES, VE, 1>(p, g, t.in, lane, L, a, b);
     fill_finish(p, bk, sh, fp, fr);
     __syncthreads();
-    const bool norm = live && (kind == 0 ? p.q_w != nullptr : kind == 1 && p.k_w != nullptr);
+    const bool norm = t.live && (t.kind == 0 ? p.q_w != nullptr : t.kind == 1 && p.k_w != nullptr);
     float ss = norm ? sum_sq<DT, VE, 1>(a, b) : 0.0f;
     ss = team_sum(ss, L);
-    if (live)
-        emit_row<DT, VE, 1, false, F8>(p, sh, bk, tl, kind, h, in, norm, rsqrtf(fmaf(ss, p.inv_d, p.eps)), lane, L,
-                                       a, b);
+    if (t.live)
+        emit_row<DT, VE, 1, false, F8>(p, sh, dst_at(db, sh.slot + t.tl), t.tl, t.kind, t.in, norm,
+                                       rsqrtf(fmaf(ss, p.inv_d, p.eps)), lane, L, a, b);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1026,24 +1134,6 @@ __device__ __forceinline__ void stage_commit()
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
-}
-
-/* A thread's row of a block of the plan (live: the team has one). */
-struct RowTask {
-    const unsigned char *in;
-    uint32_t tl, h;
-    int kind;
-    bool live;
-};
-
-__device__ __forceinline__ RowTask row_task(const ApParams &p, const Block &bk, uint32_t team)
-{
-    RowTask t{};
-    uint32_t r = 0;
-    t.live = task_of(p, bk, team, &t.tl, &r);
-    t.kind = kind_of(p, r, &t.h);
-    t.in = row_in(p, t.kind, bk.t0 + t.tl, t.h);
-    return t;
 }
 
 /* Copies the units of the lane's items base + u*L (u < U) into its staging area: unit 2u (a) and
@@ -1241,8 +1331,8 @@ __global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __gr
         }
         ss = team_sum(ss, L);
         if (cur.live)
-            emit_row<DT, VE, U, false>(p, sh, bk, cur.tl, cur.kind, cur.h, cur.in, norm,
-                                       rsqrtf(fmaf(ss, p.inv_d, p.eps)), lane, L, a, b);
+            emit_row<DT, VE, U, false>(p, sh, dst_of(p, sh, cur.kind, bk.t0 + cur.tl, cur.tl, cur.h), cur.tl,
+                                       cur.kind, cur.in, norm, rsqrtf(fmaf(ss, p.inv_d, p.eps)), lane, L, a, b);
         if (!more)
             break;
         if constexpr (AHEAD) {
@@ -1597,6 +1687,28 @@ void plan_operands(const lmk_attn_prologue_args *a, ApParams *p)
  * 256 per SM (decode: more, smaller blocks spread a call over more SMs). A block takes a tile of
  * whole tokens (one angle per thread at most) or, when a token has more rows than a block has
  * teams, a group of a token's rows. Every block has at least one row; tasks per block <= 256. */
+/* The small-call fill takes the weights in 16-byte units when every present weight tensor starts
+ * 16-byte aligned and its D elements are whole units (every model: D a multiple of 8): one load and
+ * two shared stores a unit, by the first threads of the block, instead of kWBatch element loads and
+ * widenings by every thread. Otherwise Plan.wq_u = wk_u = 0 and the fill goes by element. */
+void plan_weight_units(ApParams *p)
+{
+    Plan &pl = p->pl;
+    pl.wq_u = pl.wk_u = 0;
+    const void *w[2] = {p->q_w, p->k_w};
+    const int dt[2] = {p->q_w_dt, p->k_w_dt};
+    uint32_t u[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+        if (!w[i])
+            continue;
+        const uint64_t bytes = (uint64_t)p->D * (dt[i] == LMK_F32 ? 4 : 2);
+        if (!pl.batch_fill || (uintptr_t)w[i] % 16 != 0 || bytes % 16 != 0)
+            return;
+        u[i] = (uint32_t)(bytes / 16);
+    }
+    pl.wq_u = u[0], pl.wk_u = u[1];
+}
+
 void plan_launch(ApParams *p, int sm_count, bool units16, LaunchPlan *L)
 {
     Plan &pl = p->pl;
@@ -1604,6 +1716,7 @@ void plan_launch(ApParams *p, int sm_count, bool units16, LaunchPlan *L)
     const uint64_t sms = (uint64_t)(sm_count > 0 ? sm_count : 1);
     const bool spread = L->decode || seq * rows * lanes <= 2 * sms * kThreads;
     pl.batch_fill = spread;
+    plan_weight_units(p);
     const uint64_t cap = (spread ? kSpreadThreads : kThreads) / lanes; /* teams per block */
     uint64_t tile = 1, groups = 1;
     if (rows <= cap) {
