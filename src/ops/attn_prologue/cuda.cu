@@ -749,6 +749,20 @@ __device__ __forceinline__ float team_sum(float v, uint32_t L)
     return v;
 }
 
+/* team_sum without a branch per step: every shuffle runs, the steps past the team add nothing (the
+ * same additions in the same order, so the same bits). prologue_decode_kernel takes it without an
+ * f8 cache (run 37: Qwen3-8B T=1 bf16 1.77 -> 1.71 us, f32 1.72 -> 1.63); with one it lost (Qwen3.5
+ * T=64 with an f8 cache 3.71-3.76 -> 4.00-4.03 us) and keeps team_sum. */
+__device__ __forceinline__ float team_sum_flat(float v, uint32_t L)
+{
+#pragma unroll
+    for (uint32_t o = 16; o > 0; o >>= 1) {
+        const float t = __shfl_xor_sync(0xffffffffu, v, o);
+        v = o < L ? v + t : v;
+    }
+    return v;
+}
+
 /* The outputs of a row of kind `kind` of token t0 + tl to d, whose chunk 0 is in a, b; rn from the norm.
  * CHUNK: a row may be longer than one chunk of L*U items; every chunk is loaded again here (the
  * same lane reads and writes each element, so in place still holds). F8: the call may have an f8
@@ -894,7 +908,9 @@ __device__ __forceinline__ const void *weight_src(const ApParams &p, uint32_t j,
     return k ? p.k_w : p.q_w;
 }
 
-/* 16-byte unit u of the weights (Plan.wq_u q units, then Plan.wk_u k units). */
+/* 16-byte unit u of the weights (Plan.wq_u q units, then Plan.wk_u k units). The units go to the
+ * block's last threads, the angles to its first, so that no warp does both where the block has
+ * threads for both (run 37: Qwen3-8B T=1 bf16 1.93 -> 1.77 us, with an f8 cache 2.34 -> 2.06). */
 __device__ __forceinline__ uint4 weight_unit(const ApParams &p, uint32_t u)
 {
     const bool k = u >= p.pl.wq_u;
@@ -945,8 +961,9 @@ __device__ __forceinline__ FillRaw fill_issue(const ApParams &p, const Block &bk
             r.slot = __ldg(reinterpret_cast<const unsigned *>(p.slots) + bk.t0 + tid);
     }
     if (p.pl.wq_u + p.pl.wk_u) {
-        if (f.nw && tid < p.pl.wq_u + p.pl.wk_u)
-            r.wu = weight_unit(p, tid);
+        const uint32_t nu = p.pl.wq_u + p.pl.wk_u, u0 = bd > nu ? bd - nu : 0;
+        if (f.nw && tid >= u0 && tid - u0 < nu)
+            r.wu = weight_unit(p, tid - u0);
         return r;
     }
 #pragma unroll
@@ -1000,10 +1017,10 @@ __device__ __forceinline__ void fill_finish(const ApParams &p, const Block &bk, 
         sh.cs[j] = angle_cs(p.a, bk.t0 + tl, j - tl * p.half);
     }
     if (p.pl.wq_u + p.pl.wk_u) {
-        const uint32_t nu = f.nw ? p.pl.wq_u + p.pl.wk_u : 0;
-        if (tid < nu)
-            put_weight_unit(p, sh, tid, r.wu);
-        for (uint32_t u = tid + bd; u < nu; u += bd)
+        const uint32_t nu = f.nw ? p.pl.wq_u + p.pl.wk_u : 0, u0 = bd > nu ? bd - nu : 0;
+        if (tid >= u0 && tid - u0 < nu)
+            put_weight_unit(p, sh, tid - u0, r.wu);
+        for (uint32_t u = tid - u0 + bd; tid >= u0 && u < nu; u += bd)
             put_weight_unit(p, sh, u, weight_unit(p, u));
     } else {
         put_weights_by_element(p, sh, f, r);
@@ -1104,7 +1121,7 @@ __global__ void __launch_bounds__(kSpreadThreads) prologue_decode_kernel(const _
     __syncthreads();
     const bool norm = t.live && (t.kind == 0 ? p.q_w != nullptr : t.kind == 1 && p.k_w != nullptr);
     float ss = norm ? sum_sq<DT, VE, 1>(a, b) : 0.0f;
-    ss = team_sum(ss, L);
+    ss = F8 ? team_sum(ss, L) : team_sum_flat(ss, L);
     if (t.live)
         emit_row<DT, VE, 1, false, F8>(p, sh, dst_at(db, sh.slot + t.tl), t.tl, t.kind, t.in, norm,
                                        rsqrtf(fmaf(ss, p.inv_d, p.eps)), lane, L, a, b);
