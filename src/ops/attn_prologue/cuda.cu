@@ -103,7 +103,7 @@ constexpr size_t kChunkSmem = 64 * 1024; /* shared memory a CHUNK kernel may tak
 constexpr uint32_t kTabPairs = 128;    /* pairs whose angle factor the host tabulates */
 constexpr int kFreqCache = 4;          /* host angle tables kept per thread */
 constexpr uint32_t kMagicShift = 20;   /* task k < 1024 of a block: k / n = (k * magic) >> 20 */
-constexpr uint32_t kDecodeF8Elems = 4;  /* unit width of prologue_decode_kernel with an f8 cache (plan_decode_units) */
+constexpr uint32_t kDecodeF8Elems = 4;  /* prologue_decode_kernel's units with an f8 cache (plan_decode_units) */
 
 /* ---------------------------------------------------------------------------------------------
  * Parameters.
@@ -763,8 +763,8 @@ __device__ __forceinline__ float team_sum_flat(float v, uint32_t L)
     return v;
 }
 
-/* The outputs of a row of kind `kind` of token t0 + tl to d, whose chunk 0 is in a, b; rn from the norm.
- * CHUNK: a row may be longer than one chunk of L*U items; every chunk is loaded again here (the
+/* The outputs of a row of kind `kind` of token t0 + tl to d, whose chunk 0 is in a, b; rn from the
+ * norm. CHUNK: a row may be longer than one chunk of L*U items; every chunk is loaded again here (the
  * same lane reads and writes each element, so in place still holds). F8: the call may have an f8
  * cache (without, the f8 paths are not compiled in). */
 template <int DT, int VE, int U, bool CHUNK, bool F8 = true>
@@ -972,7 +972,8 @@ __device__ __forceinline__ FillRaw fill_issue(const ApParams &p, const Block &bk
         uint32_t idx;
         const void *w = weight_src(p, tid + b * bd, &dt, &idx);
         if (tid + b * bd < f.nw && w) { /* a load of either width at one address: no branch */
-            const unsigned char *at = reinterpret_cast<const unsigned char *>(w) + (size_t)idx * (dt == LMK_F32 ? 4 : 2);
+            const unsigned char *at =
+                reinterpret_cast<const unsigned char *>(w) + (size_t)idx * (dt == LMK_F32 ? 4 : 2);
             r.w[b] = dt == LMK_F32 ? __ldg(reinterpret_cast<const unsigned *>(at))
                                    : __ldg(reinterpret_cast<const unsigned short *>(at));
         }
