@@ -792,16 +792,36 @@ __device__ __forceinline__ void emit_row(const ApParams &p, const Shared &sh, co
     }
 }
 
-/* Weights (w + weight_offset) a thread loads before the block's angle arithmetic at decode: all of
- * them when 2 * head_dim <= kWBatch * threads (every model's shape), the rest after. */
+/* Weights (w + weight_offset) a thread of the small-call fill loads one by one before the block's
+ * angle arithmetic, where they cannot go in 16-byte units (plan_weight_units): all of them when
+ * 2 * head_dim <= kWBatch * threads, the rest after. */
 constexpr uint32_t kWBatch = 4;
 
-/* Weight j of the shared table (q's at [0, D), k's at [D, 2D)), or 0 where that tensor has none. */
+/* Weight j's pointer (nullptr where that tensor has none), dtype and index: q's at [0, D), k's at
+ * [D, 2D) of the shared table. */
+__device__ __forceinline__ const void *weight_src(const ApParams &p, uint32_t j, int *dt, uint32_t *idx)
+{
+    const bool k = j >= p.D;
+    *dt = k ? p.k_w_dt : p.q_w_dt;
+    *idx = k ? j - p.D : j;
+    return k ? p.k_w : p.q_w;
+}
+
+/* Weight j of the shared table, or 0 where that tensor has none. */
 __device__ __forceinline__ float weight_at(const ApParams &p, uint32_t j)
 {
     const bool k = j >= p.D;
     const void *w = k ? p.k_w : p.q_w;
     return w ? widen_any(k ? p.k_w_dt : p.q_w_dt, w, k ? j - p.D : j) + p.w_off : 0.0f;
+}
+
+/* A weight's raw bits widened to f32: f32 bits, or a bf16/f16 value in the low half; by selects,
+ * not a branch on the dtype (a branch compiled to a jump table per weight, run 35). */
+__device__ __forceinline__ float widen_bits(int dt, uint32_t v)
+{
+    const float h = __half2float(__ushort_as_half((unsigned short)v));
+    const float x = __uint_as_float(dt == LMK_F32 ? v : v << 16);
+    return dt == LMK_F16 ? h : x;
 }
 
 __device__ __forceinline__ int64_t slot_at(const ApParams &p, uint64_t t)
@@ -899,15 +919,6 @@ __device__ __forceinline__ FillPlan fill_plan(const ApParams &p, const Block &bk
     return f;
 }
 
-/* Weight j's pointer (nullptr where that tensor has none), dtype and index. */
-__device__ __forceinline__ const void *weight_src(const ApParams &p, uint32_t j, int *dt, uint32_t *idx)
-{
-    const bool k = j >= p.D;
-    *dt = k ? p.k_w_dt : p.q_w_dt;
-    *idx = k ? j - p.D : j;
-    return k ? p.k_w : p.q_w;
-}
-
 /* 16-byte unit u of the weights (Plan.wq_u q units, then Plan.wk_u k units). The units go to the
  * block's last threads, the angles to its first, so that no warp does both where the block has
  * threads for both (run 37: Qwen3-8B T=1 bf16 1.93 -> 1.77 us, with an f8 cache 2.34 -> 2.06). */
@@ -991,11 +1002,9 @@ __device__ __forceinline__ void put_weights_by_element(const ApParams &p, const 
         int dt;
         uint32_t idx;
         const void *w = weight_src(p, tid + b * bd, &dt, &idx);
-        if (tid + b * bd < f.nw) { /* the widening by selects, not a branch on the dtype */
-            const uint32_t v = r.w[b];
-            const float h = __half2float(__ushort_as_half((unsigned short)v));
-            const float x = __uint_as_float(dt == LMK_F32 ? v : v << 16);
-            sh.w[tid + b * bd] = w ? (dt == LMK_F16 ? h : x) + p.w_off : 0.0f;
+        if (tid + b * bd < f.nw) {
+            const float x = widen_bits(dt, r.w[b]);
+            sh.w[tid + b * bd] = w ? x + p.w_off : 0.0f;
         }
     }
     for (uint32_t j = tid + kWBatch * bd; j < f.nw; j += bd)
@@ -1701,18 +1710,17 @@ void plan_operands(const lmk_attn_prologue_args *a, ApParams *p)
     p->slots = a->slots, p->slot_i64 = a->slot_dtype == LMK_I64;
 }
 
-/* The launch: one row per team; 256-thread blocks, or 128 when the rows fill at most 2 blocks of
- * 256 per SM (decode: more, smaller blocks spread a call over more SMs). A block takes a tile of
- * whole tokens (one angle per thread at most) or, when a token has more rows than a block has
- * teams, a group of a token's rows. Every block has at least one row; tasks per block <= 256. */
 /* The small-call fill takes the weights in 16-byte units when every present weight tensor starts
  * 16-byte aligned and its D elements are whole units (every model: D a multiple of 8): one load and
- * two shared stores a unit, by the first threads of the block, instead of kWBatch element loads and
- * widenings by every thread. Otherwise Plan.wq_u = wk_u = 0 and the fill goes by element. */
+ * two shared stores a unit, by the last threads of the block (weight_unit), instead of kWBatch
+ * element loads and widenings by every thread. Otherwise (and outside the small-call fill)
+ * Plan.wq_u = wk_u = 0 and the fill goes by element. */
 void plan_weight_units(ApParams *p)
 {
     Plan &pl = p->pl;
     pl.wq_u = pl.wk_u = 0;
+    if (!pl.batch_fill)
+        return;
     const void *w[2] = {p->q_w, p->k_w};
     const int dt[2] = {p->q_w_dt, p->k_w_dt};
     uint32_t u[2] = {0, 0};
@@ -1720,13 +1728,17 @@ void plan_weight_units(ApParams *p)
         if (!w[i])
             continue;
         const uint64_t bytes = (uint64_t)p->D * (dt[i] == LMK_F32 ? 4 : 2);
-        if (!pl.batch_fill || (uintptr_t)w[i] % 16 != 0 || bytes % 16 != 0)
+        if ((uintptr_t)w[i] % 16 != 0 || bytes % 16 != 0)
             return;
         u[i] = (uint32_t)(bytes / 16);
     }
     pl.wq_u = u[0], pl.wk_u = u[1];
 }
 
+/* The launch: one row per team; 256-thread blocks, or 128 when the rows fill at most 2 blocks of
+ * 256 per SM (decode: more, smaller blocks spread a call over more SMs). A block takes a tile of
+ * whole tokens (one angle per thread at most) or, when a token has more rows than a block has
+ * teams, a group of a token's rows. Every block has at least one row; tasks per block <= 256. */
 void plan_launch(ApParams *p, int sm_count, bool units16, LaunchPlan *L)
 {
     Plan &pl = p->pl;
