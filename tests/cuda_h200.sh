@@ -1,6 +1,7 @@
 #!/bin/sh
 # cuda_h200.sh - the GPU suite in one call, on a machine with an NVIDIA GPU (docs/bench.md, "On a
-# GPU"): build with CMake (CUDA on), run the test programs, `lmk check` on the GPU, then
+# GPU"): build with CMake (CUDA on), run the test programs (test_rope_modes also without the bulk
+# kernel), `lmk check` on the GPU, then
 # compute-sanitizer (memcheck, racecheck) on the CUDA graph test and a quick `lmk check`, then
 # `lmk bench` on the GPU (table and JSON).
 #
@@ -26,6 +27,9 @@ if [ -z "$SKIP_TESTS" ]; then
   LMK_TEST_QUICK=1 timeout 600 sh tests/run_tests.sh "$B/tests" >"$OUT/tests.log" 2>&1
   log "tests (rc $?): $(tail -n 1 "$OUT/tests.log")"
   grep -E "^(FAIL|!!!)" "$OUT/tests.log" | head -n 20 | tee -a "$OUT/summary.txt"
+  # The rope cases again without the bulk kernel (sm_90), so the other prefill kernels see them too.
+  LMK_TEST_QUICK=1 LMK_CUDA_BULK=0 timeout 300 "$B/tests/test_rope_modes" >"$OUT/tests_nobulk.log" 2>&1
+  log "test_rope_modes with LMK_CUDA_BULK=0 (rc $?): $(tail -n 1 "$OUT/tests_nobulk.log")"
 fi
 
 # Every case of every op on the GPU against the float64 reference (the prompt-length ones too).

@@ -498,6 +498,10 @@ static void free_images(unsigned char **img)
     free(img);
 }
 
+/* When set (test_long_prompts), the GPU opened with LMK_CUDA_BULK=0: every call must give it the
+ * same bits as the device under test (the bulk kernel and the others share their arithmetic). */
+static tst_dev *g_other_kernels;
+
 /* Determinism (section 6): the call again gives the same bits; a q+k call of up to 257 tokens
  * equals q alone and k alone. Writes the first difference to why. */
 static bool deterministic(tst_dev *d, const host_case *h, unsigned char *const got[4], char *why, size_t n)
@@ -515,6 +519,15 @@ static bool deterministic(tst_dev *d, const host_case *h, unsigned char *const g
         ok = memcmp(got[i], again[i], h->g.bytes[i] + TST_GUARD) == 0;
     if (!ok)
         snprintf(why, n, "a second identical call gave other bits (%s)", lmk_status_name(st));
+    if (ok && g_other_kernels) {
+        st = exec(g_other_kernels, h, first, again, side, sizeof side);
+        ok = st == LMK_OK;
+        for (int i = 0; ok && i < h->g.n_par; i++)
+            ok = memcmp(got[i], again[i], h->g.bytes[i] + TST_GUARD) == 0;
+        if (!ok)
+            snprintf(why, n, "the call with LMK_CUDA_BULK=0 (the other prefill kernels) gave other bits (%s)",
+                     lmk_status_name(st));
+    }
     /* The split costs two more launches; prompt-length cases (seconds each) keep the repeat only. */
     for (int call = CALL_Q; ok && h->c->has_k && h->c->p.seq_len <= 257 && call <= CALL_K; call++) {
         st = exec(d, h, call, again, side, sizeof side);
@@ -982,6 +995,57 @@ static void test_models(tst_dev *d)
                 }
     }
     printf("  [%s] model shapes: %d cases, %d failed\n", d->name, g_fig.cases - cases, g_fig.failed - before);
+}
+
+/* Long dense prompts on a GPU, where sm_90 and later take the bulk kernel (docs/cuda_notes.md, rope
+ * version 13): T = 2711 is enough tiles that every block's ring of stages wraps (Qwen3.5-27B and
+ * GPT-J rows of 14-28 KB a token: 4-7 stages, 10-11 tiles a block on 132 SMs) and leaves a short
+ * last tile where a tile holds several tokens; every dtype, i64 positions and freq_factors (Llama),
+ * interleaved pairs (GPT-J), q alone (Qwen3-8B bf16). Each call is also run on the same GPU opened
+ * with LMK_CUDA_BULK=0 (the other prefill kernels), which must give the same bits. tests/cuda_h200.sh
+ * also runs this whole program with LMK_CUDA_BULK=0. */
+static void test_long_prompts(tst_dev *d)
+{
+    static const int models[] = {0, 1, 2, 5}; /* llama-3.1-8B, qwen3-8B, qwen3.5-27B, gpt-j-6B */
+    if (d->backend != LMK_BACKEND_CUDA)
+        return;
+    const char *was = getenv("LMK_CUDA_BULK");
+    char saved[16] = "";
+    if (was)
+        snprintf(saved, sizeof saved, "%s", was);
+    setenv("LMK_CUDA_BULK", "0", 1);
+    tst_dev other = {.name = "cuda:0 LMK_CUDA_BULK=0", .backend = LMK_BACKEND_CUDA};
+    lmk_status st = lmk_device_open(LMK_BACKEND_CUDA, 0, &other.dev);
+    if (st == LMK_OK)
+        st = lmk_stream_create(other.dev, &other.stream);
+    if (was)
+        setenv("LMK_CUDA_BULK", saved, 1);
+    else
+        unsetenv("LMK_CUDA_BULK");
+    if (!TST_REQUIRE(st == LMK_OK, "cuda:0 with LMK_CUDA_BULK=0: %s: %s", lmk_status_name(st), lmk_last_error())) {
+        if (other.dev)
+            lmk_device_close(other.dev);
+        return;
+    }
+    g_other_kernels = &other;
+    const int before = g_fig.failed, cases = g_fig.cases;
+    float ff[MAX_PAIRS];
+    tst_rng r = tst_rng_make(tst_case_seed());
+    for (int i = 0; i < (int)(sizeof models / sizeof models[0]); i++)
+        for (int dt = 0; dt < 3; dt++) {
+            const model *md = &k_models[models[i]];
+            rcase c = model_case(md, 2711, k_dtypes[dt], LAY_DENSE, ff, tst_rng_u64(&r));
+            if (models[i] == 0)
+                c.pos_dtype = LMK_I64;
+            if (models[i] == 1 && k_dtypes[dt] == LMK_BF16)
+                c.has_k = false;
+            c.progress = true;
+            run_case(d, &c);
+        }
+    g_other_kernels = NULL;
+    lmk_stream_destroy(other.stream);
+    lmk_device_close(other.dev);
+    printf("  [%s] long dense prompts: %d cases, %d failed\n", d->name, g_fig.cases - cases, g_fig.failed - before);
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -1561,6 +1625,7 @@ int main(void)
         test_matrix(&devs[i]);
         test_hf(&devs[i]);
         test_models(&devs[i]);
+        test_long_prompts(&devs[i]);
         report_device(&devs[i]);
     }
     tst_devs_close(devs, n);

@@ -44,22 +44,28 @@ int lmk_cuda_device_count(void)
 /* An empty kernel compiled with the same flags as every op's kernels: its PTX version is theirs. */
 __global__ void pdl_probe_kernel() {}
 
-/* Whether kernels launch with programmatic dependent launch (kernel_common.cuh's pdl_enter and
- * lmk_cuda_start): the device is of compute capability 9 or later, and the code it runs comes from
- * compute_90 or later PTX, so it holds pdl_enter's wait (a build for sm_80 alone, JIT-compiled on
- * an H100, has none and must not start early). Asked once, at device open, outside any capture; a
- * failed query gives plain launches, which are always correct. LMK_CUDA_PDL=0 turns it off. */
-static bool pdl_usable(int major)
+/* Whether the GPU (compute capability 9 or later) runs code from compute_90 or later PTX, which
+ * holds what sm_90 adds: programmatic dependent launch (kernel_common.cuh's pdl_enter and
+ * lmk_cuda_start; a build for sm_80 alone, JIT-compiled on an H100, has no pdl_enter wait and must
+ * not start early) and the bulk copies (bulk_load and the rest). Asked once, at device open,
+ * outside any capture; a failed query says no, which keeps plain launches and the other kernels,
+ * always correct. */
+static bool sm90_code(int major)
 {
-    const char *env = getenv("LMK_CUDA_PDL"); /* "0": off (lmk.h, lmk_device_open) */
-    if (env && !strcmp(env, "0"))
-        return false;
     cudaFuncAttributes fa;
     if (cudaFuncGetAttributes(&fa, pdl_probe_kernel) != cudaSuccess) {
         (void)cudaGetLastError(); /* the failed query is no launch error: a later launch check must not see it */
         return false;
     }
     return major >= 9 && fa.ptxVersion >= 90;
+}
+
+/* LMK_CUDA_PDL=0 turns programmatic dependent launch off, LMK_CUDA_BULK=0 the bulk-copy kernels
+ * (the ops then take their others); lmk.h, lmk_device_open. */
+static bool env_off(const char *name)
+{
+    const char *env = getenv(name);
+    return env && !strcmp(env, "0");
 }
 
 static lmk_status cuda_device_open(lmk_device *dev, int ordinal)
@@ -119,7 +125,12 @@ static lmk_status cuda_device_open(lmk_device *dev, int ordinal)
         return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk_device_open: out of host memory");
     d->ordinal = ordinal;
     d->sm_count = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
-    d->pdl = pdl_usable(prop.major);
+    const bool sm90 = sm90_code(prop.major);
+    d->pdl = sm90 && !env_off("LMK_CUDA_PDL");
+    d->bulk = sm90 && !env_off("LMK_CUDA_BULK");
+    d->smem_sm = (int)prop.sharedMemPerMultiprocessor;
+    d->smem_optin = (int)prop.sharedMemPerBlockOptin;
+    d->smem_reserved = (int)prop.reservedSharedMemPerBlock;
     e = cudaStreamCreateWithFlags(&d->setup, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         lmk_host_free(d);

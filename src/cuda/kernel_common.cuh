@@ -188,6 +188,124 @@ __device__ __forceinline__ void pdl_enter()
 #endif
 }
 
+/* The Hopper bulk copies (sm_90 and later: the tensor memory accelerator without a tensor map) and
+ * the shared-memory barriers that count their bytes. A bulk copy moves a contiguous run of bytes
+ * (a multiple of 16, both ends 16-byte aligned) between global and shared memory without passing
+ * through registers. Loads complete on an mbarrier (expect_tx adds the bytes a phase waits for,
+ * each copy subtracts what it delivered); stores go in per-thread bulk groups, and a thread waits
+ * for its own older groups to have read their shared memory before that memory is refilled.
+ * Code for older GPUs compiles these to nothing and the host never launches a kernel using them
+ * there (lmk_cuda_device.bulk). */
+__device__ __forceinline__ uint32_t smem_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define LMK_CUDA_BULK_PTX(...) asm volatile(__VA_ARGS__)
+#else
+#define LMK_CUDA_BULK_PTX(...) ((void)0)
+#endif
+
+/* A barrier that completes a phase when `count` threads have arrived and its bytes have landed;
+ * the init is made visible to the bulk copies' (async) proxy before any copy names it. */
+__device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count)
+{
+    LMK_CUDA_BULK_PTX("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_init_fence()
+{
+    LMK_CUDA_BULK_PTX("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
+}
+
+/* This thread's arrival on the current phase, which also waits for `bytes` more bytes. */
+__device__ __forceinline__ void mbar_arrive_bytes(uint64_t *bar, uint32_t bytes)
+{
+    LMK_CUDA_BULK_PTX("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+                      : "memory");
+}
+
+/* This thread's arrival, made when every cp.async it issued before has landed (.noinc: the
+ * arrival is one of the `count` of mbar_init). */
+__device__ __forceinline__ void mbar_arrive_cp_async(uint64_t *bar)
+{
+    LMK_CUDA_BULK_PTX("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+/* Waits until the phase of the given parity has completed. */
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t done = 0;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(smem_addr(bar)), "r"(parity)
+                     : "memory");
+    } while (!done);
+#else
+    (void)bar, (void)parity;
+#endif
+}
+
+/* bytes from global src to shared dst, completing on bar. */
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
+{
+    LMK_CUDA_BULK_PTX("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                          smem_addr(dst)),
+                      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                      : "memory");
+}
+
+/* bytes from shared src to global dst, in this thread's current bulk group. */
+__device__ __forceinline__ void bulk_store(void *dst, const void *src, uint32_t bytes)
+{
+    LMK_CUDA_BULK_PTX("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_addr(src)),
+                      "r"(bytes)
+                      : "memory");
+}
+
+/* Closes this thread's current bulk group. */
+__device__ __forceinline__ void bulk_commit()
+{
+    LMK_CUDA_BULK_PTX("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+/* Waits until at most N of this thread's bulk groups still read shared memory (their writes to
+ * global memory may still be in flight). */
+template <int N> __device__ __forceinline__ void bulk_wait_read()
+{
+    LMK_CUDA_BULK_PTX("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+
+/* Waits until every bulk group of this thread has completed, writes included. */
+__device__ __forceinline__ void bulk_wait_all()
+{
+    LMK_CUDA_BULK_PTX("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
+/* Orders this thread's earlier shared-memory writes before later bulk copies that read them. */
+__device__ __forceinline__ void fence_async_shared()
+{
+    LMK_CUDA_BULK_PTX("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+/* 4 or 8 bytes from global to shared memory (cp.async, sm_80 and later; the 8-byte form needs an
+ * 8-byte aligned source). */
+__device__ __forceinline__ void cp_async_word(void *dst, const void *src, bool wide)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (wide)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+#else
+    (void)dst, (void)src, (void)wide;
+#endif
+}
+
 /* A block's place in a grid of n_blocks = tiles * groups blocks (1-D, or 2-D past 2^31 - 1 blocks):
  * its group, its tile's first token t0 and the tile's tokens tt (the last tile may be short). */
 struct TileGroup {

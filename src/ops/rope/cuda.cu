@@ -41,11 +41,15 @@
  * An angle's loads (position, freq_factor) are issued before the data's and its arithmetic runs
  * while they are in flight (angle_begin, angle_end).
  *
- * Three kernels, all reading the (cos, sin) of a block's (token, pair) angles from a shared-memory
+ * Four kernels, all reading the (cos, sin) of a block's (token, pair) angles from a shared-memory
  * table that the block computes once for all its rows of q and k (docs/cuda_notes.md has the
  * measurements behind each choice):
- *   rope_rows_kernel (prefill with copy items, version 11): a thread keeps one (row, unit) for
- *     several tokens, so a token costs it one 64-bit multiply-add of the token stride, and no
+ *   rope_bulk_kernel (sm_90 and later, prefill with copy items whose tensors' heads are adjacent:
+ *     Qwen3.5's dense q and k, version 13): tiles of whole rows stream through a ring of stages
+ *     in shared memory by bulk copies (kernel_common.cuh), are rotated there and stored back by
+ *     bulk copies; no thread holds data in flight. plan_bulk.
+ *   rope_rows_kernel (the other prefill launches with copy items, version 11): a thread keeps one
+ *     (row, unit) for several tokens, so a token costs it one 64-bit multiply-add of the token stride, and no
  *     division runs per item (v10 spent two run-time divisions and four 64-bit products per item,
  *     twice: Nsight Compute showed it issue-bound, with 43-47% more instructions than lmk 0.1's
  *     kernel). A tile of tokens has pair blocks (threads: pair unit x row x token lane; they form
@@ -67,7 +71,8 @@
  * Everything a launch needs travels by value in RopeParams (no allocation, no copy, no sync): a
  * call can be captured into a CUDA graph. lmk_cuda_rope plans in named steps: plan_units (VE and
  * layout), plan_geometry (rows, strides, untouched ranges), then per slice of pairs plan_slice,
- * plan_angles (the angle constants), and plan_decode, plan_rows or plan_pairs (the launch shape).
+ * plan_angles (the angle constants), and plan_decode, plan_bulk, plan_rows or plan_pairs (the launch
+ * shape).
  *
  * Precision (lmk.h: f32 within 1e-5 * max(1, m) of float64 for |x| <= 2 and |angle| <= 2^20): the
  * angle is pos * freq in float64 and reduced by k*pi/2 in float64 (exact to ~1e-16 for |theta| <=
@@ -116,6 +121,22 @@ constexpr uint32_t kSlicePairs = 128;
 static_assert(kSlicePairs % 8 == 0 && kSlicePairs <= kDecThreads && kSlicePairs <= kPairThreads,
               "a slice holds whole units; one angle per thread");
 static_assert(kSlicePairs * kTB <= kTileAngles, "a tile holds at least kTB tokens");
+
+/* The bulk kernel (rope_bulk_kernel, sm_90 and later, prefill launches with copy items and 16-byte
+ * units): threads a block has; blocks an SM holds, each with 1/kBulkCtas of the SM's shared memory
+ * (runs 41-42: one a SM ran the bf16 prompts 18-23% slower than two, three brought f32 q alone back
+ * to rope_rows_kernel's time); the bytes of rows a tile aims for (a tile is one stage of the ring:
+ * 32 KB tiles took 4-6% off the bf16 T=16384 calls against 16 KB, since each tile costs the block
+ * a barrier); the fewest stages worth it and the most (a barrier pair each); the angles a thread
+ * forms per tile at most; and the smallest bulk copy a plan may issue (run 39: a copy per row of
+ * a 128-byte rotated span, in place, ran 4x slower than rope_pairs_kernel). */
+constexpr uint32_t kBulkThreads = 256;
+constexpr uint32_t kBulkCtas = 3;
+constexpr uint32_t kBulkTileBytes = 32768;
+constexpr uint32_t kBulkMinStages = 3;
+constexpr uint32_t kBulkMaxStages = 16;
+constexpr uint32_t kBulkAngles = 2;
+constexpr uint32_t kBulkMinCopy = 2048;
 
 /* The rows and units of a launch (plan_geometry). Byte strides are 64-bit; offsets within a row
  * (ustep_b, stride_b, c1_b, c2_b and everything built from them) fit 32 bits. */
@@ -176,17 +197,36 @@ struct PairsPlan {
     uint32_t groups, rows_per_group;
 };
 
+/* The plan of rope_bulk_kernel (plan_bulk). A tile is `tile` tokens; block b takes tiles b, b +
+ * grid, ... through a ring of `stages` stages in shared memory. A stage holds the tile's rows of
+ * each tensor, [token][head][span_b[j]] from byte region_b[j]: the whole row of a tensor that is
+ * out of place (its untouched elements travel with the row, bit-exact), only the rotated span of
+ * one in place (its first rope_dim elements; plan_bulk admits only layouts where those are all the
+ * rotated ones). Each bulk copy moves one row, one token's rows (`mode` 1: the heads are adjacent)
+ * or the whole tile's (2: tokens adjacent too), per tensor and direction (ld_mode, st_mode). Shared
+ * memory: a barrier per stage for its rows and one for its positions (kBulkMaxStages of each), two
+ * (cos, sin) tables of tile * half from cs0, then per stage its rows (stage_b bytes from stage0)
+ * and the positions of its angles (8 bytes each from pos0). */
+struct BulkPlan {
+    uint64_t seq, tiles;
+    uint32_t tile, stages, n_pos;    /* n_pos: threads with an angle (they arrive on every stage) */
+    uint32_t span_b[2], region_b[2], tok_b; /* tok_b: one token's bytes in a stage, both tensors */
+    uint32_t ld_mode[2], st_mode[2];
+    uint32_t cs0, stage0, stage_b, pos0;
+};
+
 /* Everything a launch needs, passed by value (kernel parameter space: no allocation, no copy). */
 struct RopeParams {
     Geom g;
     AnglePlan a;
     RowsPlan rp;
     PairsPlan pp;
+    BulkPlan bp;
 };
 static_assert(sizeof(RopeParams) <= 4000, "kernel parameters must stay under the 4 KB limit");
 
 /* How a launch is shaped. */
-enum KernelKind { K_DECODE, K_ROWS, K_PAIRS };
+enum KernelKind { K_DECODE, K_ROWS, K_PAIRS, K_BULK };
 struct LaunchPlan {
     KernelKind kind;
     bool pdl;                        /* programmatic stream serialization (lmk_cuda_device.pdl) */
@@ -602,6 +642,256 @@ __global__ void __launch_bounds__(kDecMaxItems) rope_decode_kernel(const __grid_
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * The bulk kernel (sm_90 and later): tiles stream through shared memory by bulk copies.
+ * ------------------------------------------------------------------------------------------- */
+
+/* The helpers and the kernel's body exist for sm_90 and later (and the host pass); code for older
+ * GPUs has an empty kernel, which the host never launches (plan_bulk). */
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+
+/* Bulk copy k of a tile's copies of one tensor in one direction (BulkPlan.ld_mode, st_mode): its
+ * first token of the tile and head, and its bytes; bulk_ops: how many a tile has. */
+struct BulkOp {
+    uint32_t tl, h, bytes;
+};
+__device__ __forceinline__ uint32_t bulk_ops(uint32_t mode, uint32_t nh, uint32_t tt)
+{
+    return nh == 0 ? 0 : mode == 2 ? 1 : mode == 1 ? tt : tt * nh;
+}
+__device__ __forceinline__ BulkOp bulk_op(uint32_t mode, uint32_t k, uint32_t nh, uint32_t span, uint32_t tt)
+{
+    if (mode == 2)
+        return BulkOp{0, 0, tt * nh * span};
+    if (mode == 1)
+        return BulkOp{k, 0, nh * span};
+    const uint32_t tl = k / nh;
+    return BulkOp{tl, k - tl * nh, span};
+}
+
+/* One tensor's side of a tile's copies (j: 0 q, 1 k; out: the stores, else the loads), issued by
+ * the 32 lanes of warp 0 round robin. */
+struct BulkSide {
+    unsigned char *base; /* the tensor's input or output */
+    uint64_t tok, head;  /* its strides, bytes */
+    uint32_t nh, mode;
+};
+__device__ __forceinline__ BulkSide bulk_side(const Geom &g, const BulkPlan &bp, int j, bool out)
+{
+    BulkSide sd;
+    sd.base = out ? (j ? g.out1 : g.out0) : const_cast<unsigned char *>(j ? g.in1 : g.in0);
+    sd.tok = out ? (j ? g.out_tok1 : g.out_tok0) : (j ? g.in_tok1 : g.in_tok0);
+    sd.head = out ? (j ? g.out_head1 : g.out_head0) : (j ? g.in_head1 : g.in_head0);
+    sd.nh = j ? g.rows - g.nh0 : g.nh0;
+    sd.mode = out ? bp.st_mode[j] : bp.ld_mode[j];
+    return sd;
+}
+
+/* Warp 0 fills stage st with the tile of tokens [t0, t0 + tt) (lane 0 first adds the tile's bytes
+ * to the phase of bar, then every lane issues its copies), or, with out, stores the stage's rows
+ * into the outputs in this lane's current bulk group. */
+__device__ __forceinline__ void bulk_tile(const Geom &g, const BulkPlan &bp, uint64_t t0, uint32_t tt, unsigned char *st,
+                                          uint64_t *bar, bool out, uint32_t lane)
+{
+    if (!out) {
+        if (lane == 0)
+            mbar_arrive_bytes(bar, tt * bp.tok_b);
+        __syncwarp();
+    }
+    for (int j = 0; j < 2; j++) {
+        const BulkSide sd = bulk_side(g, bp, j, out);
+        const uint32_t n = bulk_ops(sd.mode, sd.nh, tt), span = bp.span_b[j];
+        for (uint32_t k = lane; k < n; k += 32) {
+            const BulkOp o = bulk_op(sd.mode, k, sd.nh, span, tt);
+            unsigned char *sm = st + bp.region_b[j] + (o.tl * sd.nh + o.h) * span;
+            unsigned char *gm = sd.base + (t0 + o.tl) * sd.tok + o.h * sd.head;
+            if (out)
+                bulk_store(gm, sm, o.bytes);
+            else
+                bulk_load(sm, gm, o.bytes, bar);
+        }
+    }
+}
+
+/* A thread's angles: slots k = kBulkThreads - 1 - tid + m * kBulkThreads (the last threads, as
+ * warp 0 issues the copies) of a tile's tile * half (token, pair) angles. A slot's pair, position
+ * axis and factor are the same for every tile; only the token moves. */
+struct BulkAngles {
+    double freq[kBulkAngles];
+    uint64_t pidx[kBulkAngles]; /* its position's index at the tile's first token */
+    uint32_t tl[kBulkAngles], k[kBulkAngles];
+    float ff[kBulkAngles];
+    uint32_t n; /* live slots */
+};
+
+/* The positions of this thread's angles at the tile of tokens [t0, t0 + tt) into the stage's
+ * position slots (cp.async), then its arrival on the stage's barrier when they have landed. */
+__device__ __forceinline__ void bulk_positions(const AnglePlan &a, const BulkAngles &ba, uint64_t t0, uint32_t tt,
+                                               unsigned char *slots, uint64_t *bar)
+{
+    const bool wide = a.pos_dtype == LMK_I64;
+#pragma unroll
+    for (uint32_t m = 0; m < kBulkAngles; m++)
+        if (m < ba.n && ba.tl[m] < tt)
+            cp_async_word(slots + ba.k[m] * 8,
+                          (const unsigned char *)a.pos + (ba.pidx[m] + t0) * (wide ? 8 : 4), wide);
+    mbar_arrive_cp_async(bar);
+}
+
+/* This thread's angles of a tile from its position slots into the (cos, sin) table: lmk_rope_pos's
+ * rule (i32 and u32 as i32), then angle_finish, as every other kernel. */
+__device__ __forceinline__ void bulk_form(const AnglePlan &a, const BulkAngles &ba, uint32_t tt,
+                                          const unsigned char *slots, float2 *cs)
+{
+#pragma unroll
+    for (uint32_t m = 0; m < kBulkAngles; m++)
+        if (m < ba.n && ba.tl[m] < tt) {
+            const unsigned char *w = slots + ba.k[m] * 8;
+            AngleIn in;
+            in.pos = a.pos_dtype == LMK_I64 ? *reinterpret_cast<const long long *>(w)
+                                            : (int64_t)*reinterpret_cast<const int *>(w);
+            in.ff = ba.ff[m];
+            cs[ba.k[m]] = angle_finish(a, ba.freq[m], in);
+        }
+}
+
+/* A 16-byte unit of shared memory. */
+__device__ __forceinline__ Raw<16> lds16(const unsigned char *p)
+{
+    const uint4 v = *reinterpret_cast<const uint4 *>(p);
+    Raw<16> r;
+    r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
+    return r;
+}
+
+#endif
+
+/* Prefill with 16-byte units on sm_90 and later (plan_bulk): block b takes tiles b, b + grid, ...
+ * through a ring of S stages. A stage is filled by warp 0's bulk loads (counted by the stage's
+ * barrier) and by the angle threads' copies of its positions (by its second one). Once it has
+ * landed, the threads rotate its pair units in shared memory (thread: pair unit x, rows y, y +
+ * kBulkThreads / npu, ... of the tile), the angle threads form the next tile's (cos, sin) from its
+ * positions, the block syncs, and warp 0 stores the stage (its untouched elements moved as they
+ * came, bit-exact) and refills the stage of the tile `lag` iterations back (2 from 4 stages on,
+ * else 1), whose stores have read it by then; lag + 1 < S keeps every tile's positions filled at
+ * least one iteration before its angles are formed. The registers hold no data in flight, so every
+ * stage but the one being rotated can be on its way. Every element is rotated by rotate_store
+ * from angle_finish's (cos, sin), as in the other kernels: the same bits. */
+template <int DT, bool IL>
+__global__ void __launch_bounds__(kBulkThreads, kBulkCtas) rope_bulk_kernel(const __grid_constant__ RopeParams p)
+{
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    constexpr int VE = 16 / Elem<DT>::size;
+    constexpr uint32_t PPU = IL ? VE / 2 : VE;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const Geom &g = p.g;
+    const BulkPlan &bp = p.bp;
+    const AnglePlan &a = p.a;
+    const uint32_t tid = threadIdx.x, lane = tid & 31, S = bp.stages;
+    uint64_t *bars = reinterpret_cast<uint64_t *>(smem);
+    float2 *cs_tab = reinterpret_cast<float2 *>(smem + bp.cs0);
+    const uint32_t n_cs = bp.tile * g.half, pos_b = n_cs * 8;
+    const uint64_t step = gridDim.x;
+    const uint32_t n_iter = (uint32_t)((bp.tiles - blockIdx.x + step - 1) / step);
+
+    /* Everything up to pdl_enter is parameter arithmetic: the angle slots and the rotation's rows. */
+    BulkAngles ba;
+    ba.n = 0;
+#pragma unroll
+    for (uint32_t m = 0; m < kBulkAngles; m++) {
+        const uint32_t k = kBulkThreads - 1 - tid + m * kBulkThreads;
+        if (k < n_cs) {
+            const uint32_t tl = k / g.half, i = k - tl * g.half;
+            uint32_t j;
+            const uint32_t axis = lmk_rope_axis_at(&a.axes, a.p0 + i, &j);
+            ba.freq[m] = pair_freq(a, a.p0 + i, j);
+            ba.pidx[m] = (uint64_t)axis * a.pos_axis_stride + tl;
+            ba.tl[m] = tl, ba.k[m] = k;
+            ba.n = m + 1;
+        }
+    }
+    const uint32_t npu = g.npu, x = tid % npu, y = tid / npu, ylanes = kBulkThreads / npu;
+    const uint32_t r0 = y % g.rows, tl0 = y / g.rows, dq = ylanes / g.rows, dr = ylanes - dq * g.rows;
+    const uint32_t off = x * g.ustep_b;
+    if (tid == 0) {
+        for (uint32_t s = 0; s < S; s++)
+            mbar_init(bars + s, 1), mbar_init(bars + kBulkMaxStages + s, bp.n_pos);
+        mbar_init_fence();
+    }
+    pdl_enter();
+#pragma unroll
+    for (uint32_t m = 0; m < kBulkAngles; m++)
+        ba.ff[m] = m < ba.n && a.ff ? __ldg(a.ff + (ba.k[m] - ba.tl[m] * g.half)) : 1.0f;
+    __syncthreads();
+
+    /* Fills stage it % S with iteration it's tile. */
+    auto fill = [&](uint32_t it) {
+        const uint64_t t0 = (blockIdx.x + it * step) * bp.tile;
+        const uint32_t tt = (uint32_t)min((uint64_t)bp.tile, bp.seq - t0), s = it % S;
+        if (tid < 32)
+            bulk_tile(g, bp, t0, tt, smem + bp.stage0 + s * bp.stage_b, bars + s, false, lane);
+        if (ba.n)
+            bulk_positions(a, ba, t0, tt, smem + bp.pos0 + s * pos_b, bars + kBulkMaxStages + s);
+    };
+    /* The angles of iteration it's tile into table it & 1, once its positions have landed. */
+    auto angles = [&](uint32_t it) {
+        const uint64_t t0 = (blockIdx.x + it * step) * bp.tile;
+        const uint32_t tt = (uint32_t)min((uint64_t)bp.tile, bp.seq - t0), s = it % S;
+        mbar_wait(bars + kBulkMaxStages + s, (it / S) & 1);
+        bulk_form(a, ba, tt, smem + bp.pos0 + s * pos_b, cs_tab + (it & 1) * n_cs);
+    };
+
+    for (uint32_t it = 0; it < n_iter && it < S; it++)
+        fill(it);
+    if (ba.n)
+        angles(0);
+    __syncthreads();
+    for (uint32_t it = 0; it < n_iter; it++) {
+        const uint32_t s = it % S;
+        const uint64_t t0 = (blockIdx.x + it * step) * bp.tile;
+        const uint32_t tt = (uint32_t)min((uint64_t)bp.tile, bp.seq - t0);
+        unsigned char *st = smem + bp.stage0 + s * bp.stage_b;
+        const float2 *cs = cs_tab + (it & 1) * n_cs;
+        mbar_wait(bars + s, (it / S) & 1);
+        if (y < ylanes) {
+            uint32_t tl = tl0, r = r0;
+            while (tl < tt) {
+                const uint32_t j = r >= g.nh0, h = r - j * g.nh0, nh = j ? g.rows - g.nh0 : g.nh0;
+                unsigned char *row = st + bp.region_b[j] + (tl * nh + h) * bp.span_b[j] + off;
+                Raw<16> ra = lds16(row), rb{};
+                if constexpr (!IL)
+                    rb = lds16(row + g.stride_b);
+                rotate_store<DT, VE, IL>(ra, rb, cs + tl * g.half + x * PPU, row, g.stride_b);
+                tl += dq, r += dr;
+                if (r >= g.rows)
+                    r -= g.rows, tl++;
+            }
+        }
+        if (ba.n && it + 1 < n_iter)
+            angles(it + 1);
+        fence_async_shared();
+        __syncthreads();
+        if (tid < 32) {
+            bulk_tile(g, bp, t0, tt, st, nullptr, true, lane);
+            bulk_commit();
+        }
+        const uint32_t lag = S >= 4 ? 2 : 1;
+        if (it >= lag && it - lag + S < n_iter) {
+            if (tid < 32) {
+                if (lag == 2)
+                    bulk_wait_read<2>();
+                else
+                    bulk_wait_read<1>();
+                __syncwarp();
+            }
+            fill(it - lag + S);
+        }
+    }
+    if (tid < 32)
+        bulk_wait_all();
+#endif
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Launch: the instantiation for a dtype, unit width and layout.
  * ------------------------------------------------------------------------------------------- */
 
@@ -614,6 +904,11 @@ template <int DT, int VE, bool IL>
 cudaError_t launch(const RopeParams &p, const LaunchPlan &L, cudaStream_t st)
 {
     const bool copy = p.g.nc > 0;
+    if (L.kind == K_BULK) {
+        if constexpr (VE * Elem<DT>::size == 16)
+            return start(rope_bulk_kernel<DT, IL>, p, L, st);
+        return cudaErrorInvalidValue; /* plan_bulk takes 16-byte units only */
+    }
     if (L.kind == K_DECODE)
         return start(copy ? rope_decode_kernel<DT, VE, IL, true> : rope_decode_kernel<DT, VE, IL, false>, p, L, st);
     return start(L.kind == K_ROWS ? rope_rows_kernel<DT, VE, IL> : rope_pairs_kernel<DT, VE, IL>, p, L, st);
@@ -673,13 +968,27 @@ template <int DT, int VE> void preload_ve(cudaError_t *first)
         preload_layout<DT, VE, true>(first);
 }
 
-template <int DT> void preload_dtype(cudaError_t *first)
+/* The bulk kernels may use all the shared memory a block can have (plan_bulk takes at most
+ * 1/kBulkCtas of an SM's), set here once per device rather than in an op call. */
+template <int DT, bool IL> void preload_bulk(int optin, cudaError_t *first)
+{
+    cudaFuncAttributes attr;
+    cudaError_t e = cudaFuncGetAttributes(&attr, rope_bulk_kernel<DT, IL>);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(rope_bulk_kernel<DT, IL>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
+    if (e != cudaSuccess && *first == cudaSuccess)
+        *first = e;
+}
+
+template <int DT> void preload_dtype(int optin, cudaError_t *first)
 {
     if constexpr (Elem<DT>::size == 2)
         preload_ve<DT, 8>(first);
     preload_ve<DT, 4>(first);
     preload_ve<DT, 2>(first);
     preload_ve<DT, 1>(first);
+    preload_bulk<DT, false>(optin, first);
+    preload_bulk<DT, true>(optin, first);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -925,6 +1234,89 @@ void plan_pairs(const Geom &g, uint64_t seq, int sm_count, PairsPlan *pp, Launch
     L->smem = (size_t)pp->tile_tokens * g.half * sizeof(float2);
 }
 
+/* How tensor j is moved in one direction (BulkPlan.ld_mode, st_mode): 2 when the tile's rows are
+ * one run of bytes (heads and tokens adjacent), 1 when a token's are (heads adjacent), else 0 (a
+ * copy per row). */
+uint32_t bulk_mode(uint32_t nh, uint32_t span, uint64_t head_b, uint64_t tok_b, uint64_t seq)
+{
+    if (nh > 1 && head_b != span)
+        return 0;
+    return seq == 1 || tok_b == (uint64_t)nh * span ? 2 : 1;
+}
+
+/* The plan of rope_bulk_kernel, when it applies: the device has bulk copies (lmk_cuda_device.bulk),
+ * the launch has copy items (a tensor out of place with rope_dim < head_dim: Qwen3.5's q and k;
+ * the others keep rope_pairs_kernel, which ran Llama's full rope 8-22% faster, runs 40-42), 16-byte
+ * units, one slice (rope_dim <= 2 * kSlicePairs), every tensor in place has its rotated elements in
+ * one span at the start of its rows (rope_dim/2 pairing or interleaved, where rope_dim elements are
+ * exactly the rotated ones), and no copy would be under kBulkMinCopy bytes (a copy per row where a
+ * tensor's heads are not adjacent: q inside q|gate or a packed QKV keeps rope_rows_kernel). The
+ * tile is about kBulkTileBytes of rows (at most kBulkAngles angles a thread), halved until at least
+ * kBulkMinStages stages fit the block's shared memory (1/kBulkCtas of an SM's); none fitting (rows
+ * of over ~24 KB a token) keeps the other kernels. */
+bool plan_bulk(const lmk_rope_args *a, const Geom &g, uint32_t nb, const lmk_cuda_device *d, BulkPlan *bp,
+               LaunchPlan *L)
+{
+    const uint32_t es = a->dtype == LMK_F32 ? 4 : 2;
+    if (!d->bulk || nb != 16 || g.pair_b != 0 || 2 * g.half != a->rope_dim)
+        return false;
+    if (g.nc == 0)
+        return false;
+    const bool span_ok = a->interleaved || g.stride_b == g.half * es;
+    const uint32_t row_b = a->head_dim * es, rot_b = a->rope_dim * es, nh1 = g.rows - g.nh0;
+    for (int j = 0; j < a->n_tensors; j++) {
+        const bool copy = j ? g.copy1 : g.copy0;
+        if (!copy && !span_ok)
+            return false;
+        bp->span_b[j] = copy ? row_b : rot_b;
+    }
+    if (a->n_tensors == 1)
+        bp->span_b[1] = bp->span_b[0];
+    bp->tok_b = g.nh0 * bp->span_b[0] + nh1 * bp->span_b[1];
+    bp->ld_mode[0] = bulk_mode(g.nh0, bp->span_b[0], g.in_head0, g.in_tok0, a->seq_len);
+    bp->st_mode[0] = bulk_mode(g.nh0, bp->span_b[0], g.out_head0, g.out_tok0, a->seq_len);
+    bp->ld_mode[1] = bulk_mode(nh1, bp->span_b[1], g.in_head1, g.in_tok1, a->seq_len);
+    bp->st_mode[1] = bulk_mode(nh1, bp->span_b[1], g.out_head1, g.out_tok1, a->seq_len);
+    uint64_t tile = kBulkTileBytes / bp->tok_b;
+    const uint64_t tile_angles = (uint64_t)kBulkThreads * kBulkAngles / g.half;
+    tile = tile < 1 ? 1 : tile > tile_angles ? tile_angles : tile;
+    tile = tile > a->seq_len ? a->seq_len : tile;
+    const uint32_t nh[2] = {g.nh0, nh1}, modes[4] = {bp->ld_mode[0], bp->st_mode[0], bp->ld_mode[1], bp->st_mode[1]};
+    for (int m = 0; m < 4; m++) {
+        const uint32_t j = m / 2;
+        const uint64_t bytes = (modes[m] == 0 ? 1 : modes[m] == 1 ? nh[j] : tile * nh[j]) * (uint64_t)bp->span_b[j];
+        if (nh[j] && bytes < kBulkMinCopy)
+            return false;
+    }
+    const uint64_t avail64 = (uint64_t)d->smem_sm / kBulkCtas - d->smem_reserved;
+    const uint64_t avail = (avail64 < (uint64_t)d->smem_optin ? avail64 : (uint64_t)d->smem_optin) & ~(uint64_t)127;
+    for (;; tile /= 2) {
+        const uint64_t cs0 = 2 * kBulkMaxStages * sizeof(uint64_t);
+        const uint64_t stage0 = (cs0 + 2 * tile * g.half * sizeof(float2) + 127) & ~(uint64_t)127;
+        const uint64_t stage_b = (tile * bp->tok_b + 127) & ~(uint64_t)127, pos_b = tile * g.half * 8;
+        uint64_t stages = avail > stage0 ? (avail - stage0) / (stage_b + pos_b) : 0;
+        if (stages >= kBulkMinStages) {
+            stages = stages > kBulkMaxStages ? kBulkMaxStages : stages;
+            bp->tile = (uint32_t)tile, bp->stages = (uint32_t)stages;
+            bp->region_b[0] = 0, bp->region_b[1] = (uint32_t)(tile * g.nh0 * bp->span_b[0]);
+            bp->cs0 = (uint32_t)cs0, bp->stage0 = (uint32_t)stage0, bp->stage_b = (uint32_t)stage_b;
+            bp->pos0 = (uint32_t)(stage0 + stages * stage_b);
+            L->smem = (size_t)(bp->pos0 + stages * pos_b);
+            break;
+        }
+        if (tile == 1)
+            return false;
+    }
+    bp->seq = a->seq_len;
+    bp->tiles = ceil_div(a->seq_len, bp->tile);
+    bp->n_pos = bp->tile * g.half < kBulkThreads ? bp->tile * g.half : kBulkThreads;
+    const uint64_t grid = (uint64_t)d->sm_count * kBulkCtas;
+    L->kind = K_BULK;
+    L->blocks = dim3((unsigned)(bp->tiles < grid ? bp->tiles : grid), 1, 1);
+    L->threads = dim3(kBulkThreads, 1, 1);
+    return true;
+}
+
 } /* namespace */
 
 /* One launch per slice of kSlicePairs pairs (one for rope_dim <= 256), each planned from scratch:
@@ -948,6 +1340,8 @@ lmk_status lmk_cuda_rope(lmk_stream *s, const void *args)
         LaunchPlan L;
         if (plan_decode(p.g, a->seq_len, d->sm_count, &L))
             ;
+        else if (plan_bulk(a, p.g, ve * (a->dtype == LMK_F32 ? 4 : 2), d, &p.bp, &L))
+            ;
         else if (p.g.nc > 0)
             plan_rows(p.g, a->seq_len, &p.rp, &L);
         else
@@ -962,9 +1356,14 @@ lmk_status lmk_cuda_rope(lmk_stream *s, const void *args)
 
 cudaError_t lmk_cuda_rope_preload(void)
 {
-    cudaError_t first = cudaSuccess;
-    preload_dtype<LMK_F32>(&first);
-    preload_dtype<LMK_BF16>(&first);
-    preload_dtype<LMK_F16>(&first);
+    int dev = 0, optin = 0;
+    cudaError_t first = cudaGetDevice(&dev);
+    if (first == cudaSuccess)
+        first = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (first != cudaSuccess)
+        return first;
+    preload_dtype<LMK_F32>(optin, &first);
+    preload_dtype<LMK_BF16>(optin, &first);
+    preload_dtype<LMK_F16>(optin, &first);
     return first;
 }
