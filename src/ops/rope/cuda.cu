@@ -1272,7 +1272,10 @@ bool plan_bulk(const lmk_rope_args *a, const Geom &g, uint32_t nb, const lmk_cud
     }
     if (a->n_tensors == 1)
         bp->span_b[1] = bp->span_b[0];
-    bp->tok_b = g.nh0 * bp->span_b[0] + nh1 * bp->span_b[1];
+    const uint64_t tok_b = (uint64_t)g.nh0 * bp->span_b[0] + (uint64_t)nh1 * bp->span_b[1];
+    if (tok_b > kBulkTileBytes * (uint64_t)kBulkMaxStages) /* far more than a block's shared memory */
+        return false;
+    bp->tok_b = (uint32_t)tok_b;
     bp->ld_mode[0] = bulk_mode(g.nh0, bp->span_b[0], g.in_head0, g.in_tok0, a->seq_len);
     bp->st_mode[0] = bulk_mode(g.nh0, bp->span_b[0], g.out_head0, g.out_tok0, a->seq_len);
     bp->ld_mode[1] = bulk_mode(nh1, bp->span_b[1], g.in_head1, g.in_tok1, a->seq_len);
