@@ -997,16 +997,28 @@ static void test_models(tst_dev *d)
     printf("  [%s] model shapes: %d cases, %d failed\n", d->name, g_fig.cases - cases, g_fig.failed - before);
 }
 
-/* Long dense prompts on a GPU, where sm_90 and later take the bulk kernel (docs/cuda_notes.md, rope
- * version 13): T = 2711 is enough tiles that every block's ring of stages wraps (Qwen3.5-27B and
- * GPT-J rows of 14-28 KB a token: 4-7 stages, 10-11 tiles a block on 132 SMs) and leaves a short
- * last tile where a tile holds several tokens; every dtype, i64 positions and freq_factors (Llama),
- * interleaved pairs (GPT-J), q alone (Qwen3-8B bf16). Each call is also run on the same GPU opened
- * with LMK_CUDA_BULK=0 (the other prefill kernels), which must give the same bits. tests/cuda_h200.sh
- * also runs this whole program with LMK_CUDA_BULK=0. */
+/* Long dense prompts on a GPU, in the launches sm_90 and later give the bulk kernel (docs/cuda_notes.md,
+ * rope version 13: out of place with rope_dim < head_dim and adjacent heads). On an H200 (132 SMs,
+ * 228 KB of shared memory an SM, 3 blocks an SM) each case reaches a different part of it: Qwen3.5-27B
+ * q and k in bf16 (a token a tile, 5 stages: the ring wraps, stages refilled two tiles back), in f16
+ * with i64 positions and random freq_factors, with YaRN's ramp and m (the 1M-context mapping); q
+ * alone in f32 (24 KB a token: 3 stages, refilled one tile back); GPT-J's interleaved pairs (4
+ * stages); and 4 heads of q alone in bf16 at 12001 tokens (8 tokens a tile: several tiles a block
+ * and a short last tile). Each call is also run on the same GPU opened with LMK_CUDA_BULK=0 (the
+ * other prefill kernels), which must give the same bits; tests/cuda_h200.sh also runs this whole
+ * program with LMK_CUDA_BULK=0. */
 static void test_long_prompts(tst_dev *d)
 {
-    static const int models[] = {0, 1, 2, 5}; /* llama-3.1-8B, qwen3-8B, qwen3.5-27B, gpt-j-6B */
+    static const struct {
+        int model; /* k_models: qwen3.5-27B, its yarn x4 mapping, gpt-j-6B */
+        lmk_dtype dt;
+        uint32_t T, q_heads; /* q_heads 0: the model's; with k */
+        bool i64_ff, q_alone;
+    } lp[] = {
+        {2, LMK_BF16, 2711, 0, false, false}, {2, LMK_F16, 2711, 0, true, false}, {3, LMK_BF16, 2711, 0, false, false},
+        {2, LMK_F32, 2711, 0, false, true},   {5, LMK_BF16, 2711, 0, false, false}, {5, LMK_F16, 2711, 0, true, false},
+        {2, LMK_BF16, 12001, 4, false, true},
+    };
     if (d->backend != LMK_BACKEND_CUDA)
         return;
     const char *was = getenv("LMK_CUDA_BULK");
@@ -1031,17 +1043,16 @@ static void test_long_prompts(tst_dev *d)
     const int before = g_fig.failed, cases = g_fig.cases;
     float ff[MAX_PAIRS];
     tst_rng r = tst_rng_make(tst_case_seed());
-    for (int i = 0; i < (int)(sizeof models / sizeof models[0]); i++)
-        for (int dt = 0; dt < 3; dt++) {
-            const model *md = &k_models[models[i]];
-            rcase c = model_case(md, 2711, k_dtypes[dt], LAY_DENSE, ff, tst_rng_u64(&r));
-            if (models[i] == 0)
-                c.pos_dtype = LMK_I64;
-            if (models[i] == 1 && k_dtypes[dt] == LMK_BF16)
-                c.has_k = false;
-            c.progress = true;
-            run_case(d, &c);
-        }
+    for (int i = 0; i < (int)(sizeof lp / sizeof lp[0]); i++) {
+        rcase c = model_case(&k_models[lp[i].model], lp[i].T, lp[i].dt, LAY_DENSE, ff, tst_rng_u64(&r));
+        if (lp[i].q_heads)
+            c.p.n_heads = lp[i].q_heads;
+        if (lp[i].i64_ff)
+            c.pos_dtype = LMK_I64, c.ff_kind = FF_RANDOM;
+        c.has_k = !lp[i].q_alone;
+        c.progress = true;
+        run_case(d, &c);
+    }
     g_other_kernels = NULL;
     lmk_stream_destroy(other.stream);
     lmk_device_close(other.dev);

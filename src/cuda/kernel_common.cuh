@@ -293,7 +293,27 @@ __device__ __forceinline__ void fence_async_shared()
 }
 
 /* 4 or 8 bytes from global to shared memory (cp.async, sm_80 and later; the 8-byte form needs an
- * 8-byte aligned source). */
+ * 8-byte aligned source), or zeros when !present (nothing is read). Before sm_80, a load and a
+ * store. */
+__device__ __forceinline__ void stage_word(unsigned char *s, const void *g, bool wide, bool present)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const uint32_t sa = smem_addr(s), n = present ? (wide ? 8 : 4) : 0;
+    if (wide)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(sa), "l"(g), "r"(n) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sa), "l"(g), "r"(n) : "memory");
+#else
+    if (wide)
+        *reinterpret_cast<int64_t *>(s) = present ? *static_cast<const int64_t *>(g) : 0;
+    else
+        *reinterpret_cast<int32_t *>(s) = present ? *static_cast<const int32_t *>(g) : 0;
+#endif
+}
+
+/* stage_word(dst, src, wide, true) without the zero-fill operand: rope's bulk kernel as it was
+ * measured (docs/cuda_notes.md, run 43). Calling stage_word there instead changes that kernel's
+ * instructions, so the two merge once a GPU run can measure and test the change. */
 __device__ __forceinline__ void cp_async_word(void *dst, const void *src, bool wide)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -339,6 +359,20 @@ __device__ __forceinline__ bool tile_group(uint64_t n_blocks, uint32_t groups, u
 inline uint64_t ceil_div(uint64_t a, uint64_t b)
 {
     return (a + b - 1) / b;
+}
+
+/* Loads kernel k into the current device's context (its first launch, captured or not, then pays
+ * no lazy module loading) and, with smem > 0, lets its launches ask for up to smem bytes of dynamic
+ * shared memory; the first failure of a device's preloads is kept in *first. Host code, for the
+ * ops' preloads (cuda_internal.h). */
+template <class P> void lmk_cuda_preload(void (*k)(P), size_t smem, cudaError_t *first)
+{
+    cudaFuncAttributes attr;
+    cudaError_t e = cudaFuncGetAttributes(&attr, k);
+    if (e == cudaSuccess && smem > 0)
+        e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess && *first == cudaSuccess)
+        *first = e;
 }
 
 /* One launch of kernel(p), with the programmatic serialization attribute when pdl. Inside a stream

@@ -99,7 +99,7 @@ constexpr int kSpreadThreads = 128;    /* threads of a block when rows are sprea
  * half as many elements. */
 template <int NB> constexpr int kItems = NB == 16 ? 2 : 4;
 constexpr uint32_t kMaxDim = 4096;     /* largest head_dim and Dv */
-constexpr size_t kChunkSmem = 64 * 1024; /* shared memory a CHUNK kernel may take (preload_one) */
+constexpr size_t kChunkSmem = 64 * 1024; /* shared memory a CHUNK kernel may take (preload_dtype) */
 constexpr uint32_t kTabPairs = 128;    /* pairs whose angle factor the host tabulates */
 constexpr int kFreqCache = 4;          /* host angle tables kept per thread */
 constexpr uint32_t kMagicShift = 20;   /* task k < 1024 of a block: k / n = (k * magic) >> 20 */
@@ -1205,23 +1205,6 @@ __device__ __forceinline__ void unstage_items(const unsigned char *st, Raw<16> (
     }
 }
 
-/* 4 or 8 bytes from global to shared memory (cp.async), or zeros when !present. */
-__device__ __forceinline__ void stage_word(unsigned char *s, const void *g, bool wide, bool present)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(s), n = present ? (wide ? 8 : 4) : 0;
-    if (wide)
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(sa), "l"(g), "r"(n) : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sa), "l"(g), "r"(n) : "memory");
-#else
-    if (wide)
-        *reinterpret_cast<int64_t *>(s) = present ? *static_cast<const int64_t *>(g) : 0;
-    else
-        *reinterpret_cast<int32_t *>(s) = present ? *static_cast<const int32_t *>(g) : 0;
-#endif
-}
-
 /* Waits until every copy this thread issued has landed. */
 __device__ __forceinline__ void stage_wait_all()
 {
@@ -1448,32 +1431,22 @@ cudaError_t launch_dtype(lmk_dtype dt, uint32_t ve, bool chunk, const ApParams &
     }
 }
 
-/* Loads an instantiation (kernel k); the CHUNK ones (the only ones whose shared memory can pass 48
- * KB: head_dim 4096 with a full rope, both norms and slots needs 48 KB + 8 bytes) may use up to
- * kChunkSmem, set here once per device rather than in an op call. */
-void preload_one(void (*k)(ApParams), bool chunk, cudaError_t *first)
-{
-    cudaFuncAttributes attr;
-    cudaError_t e = cudaFuncGetAttributes(&attr, k);
-    if (chunk && e == cudaSuccess)
-        e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kChunkSmem);
-    if (e != cudaSuccess && *first == cudaSuccess)
-        *first = e;
-}
-
+/* Each instantiation is loaded (lmk_cuda_preload); the CHUNK ones (the only ones whose shared memory
+ * can pass 48 KB: head_dim 4096 with a full rope, both norms and slots needs 48 KB + 8 bytes) may
+ * use up to kChunkSmem, set here once per device rather than in an op call. */
 template <int DT> void preload_dtype(cudaError_t *first)
 {
     constexpr int V16 = 16 / Elem<DT>::size, U1 = kItems<Elem<DT>::size>;
-    preload_one(prologue_stream_kernel<DT, V16, kItems<16>, true>, false, first);
-    preload_one(prologue_stream_kernel<DT, V16, kItems<16>, false>, false, first);
-    preload_one(prologue_decode_kernel<DT, V16, false>, false, first);
-    preload_one(prologue_decode_kernel<DT, V16, true>, false, first);
+    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, true>, 0, first);
+    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, false>, 0, first);
+    lmk_cuda_preload(prologue_decode_kernel<DT, V16, false>, 0, first);
+    lmk_cuda_preload(prologue_decode_kernel<DT, V16, true>, 0, first);
     if constexpr (V16 != kDecodeF8Elems)
-        preload_one(prologue_decode_kernel<DT, kDecodeF8Elems, true>, false, first);
-    preload_one(prologue_kernel<DT, V16, kItems<16>, false>, false, first);
-    preload_one(prologue_kernel<DT, V16, kItems<16>, true>, true, first);
-    preload_one(prologue_kernel<DT, 1, U1, false>, false, first);
-    preload_one(prologue_kernel<DT, 1, U1, true>, true, first);
+        lmk_cuda_preload(prologue_decode_kernel<DT, kDecodeF8Elems, true>, 0, first);
+    lmk_cuda_preload(prologue_kernel<DT, V16, kItems<16>, false>, 0, first);
+    lmk_cuda_preload(prologue_kernel<DT, V16, kItems<16>, true>, kChunkSmem, first);
+    lmk_cuda_preload(prologue_kernel<DT, 1, U1, false>, 0, first);
+    lmk_cuda_preload(prologue_kernel<DT, 1, U1, true>, kChunkSmem, first);
 }
 
 /* ---------------------------------------------------------------------------------------------

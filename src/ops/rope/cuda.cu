@@ -949,16 +949,10 @@ cudaError_t launch_dtype(lmk_dtype dt, uint32_t ve, bool il, const RopeParams &p
 
 template <int DT, int VE, bool IL> void preload_layout(cudaError_t *first)
 {
-    cudaFuncAttributes attr;
-    cudaError_t e = cudaFuncGetAttributes(&attr, rope_rows_kernel<DT, VE, IL>);
-    if (e == cudaSuccess)
-        e = cudaFuncGetAttributes(&attr, rope_pairs_kernel<DT, VE, IL>);
-    if (e == cudaSuccess)
-        e = cudaFuncGetAttributes(&attr, rope_decode_kernel<DT, VE, IL, true>);
-    if (e == cudaSuccess)
-        e = cudaFuncGetAttributes(&attr, rope_decode_kernel<DT, VE, IL, false>);
-    if (e != cudaSuccess && *first == cudaSuccess)
-        *first = e;
+    lmk_cuda_preload(rope_rows_kernel<DT, VE, IL>, 0, first);
+    lmk_cuda_preload(rope_pairs_kernel<DT, VE, IL>, 0, first);
+    lmk_cuda_preload(rope_decode_kernel<DT, VE, IL, true>, 0, first);
+    lmk_cuda_preload(rope_decode_kernel<DT, VE, IL, false>, 0, first);
 }
 
 template <int DT, int VE> void preload_ve(cudaError_t *first)
@@ -968,18 +962,8 @@ template <int DT, int VE> void preload_ve(cudaError_t *first)
         preload_layout<DT, VE, true>(first);
 }
 
-/* The bulk kernels may use all the shared memory a block can have (plan_bulk takes at most
+/* The bulk kernels may use all the shared memory a block can have (optin; plan_bulk takes at most
  * 1/kBulkCtas of an SM's), set here once per device rather than in an op call. */
-template <int DT, bool IL> void preload_bulk(int optin, cudaError_t *first)
-{
-    cudaFuncAttributes attr;
-    cudaError_t e = cudaFuncGetAttributes(&attr, rope_bulk_kernel<DT, IL>);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(rope_bulk_kernel<DT, IL>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
-    if (e != cudaSuccess && *first == cudaSuccess)
-        *first = e;
-}
-
 template <int DT> void preload_dtype(int optin, cudaError_t *first)
 {
     if constexpr (Elem<DT>::size == 2)
@@ -987,8 +971,8 @@ template <int DT> void preload_dtype(int optin, cudaError_t *first)
     preload_ve<DT, 4>(first);
     preload_ve<DT, 2>(first);
     preload_ve<DT, 1>(first);
-    preload_bulk<DT, false>(optin, first);
-    preload_bulk<DT, true>(optin, first);
+    lmk_cuda_preload(rope_bulk_kernel<DT, false>, (size_t)optin, first);
+    lmk_cuda_preload(rope_bulk_kernel<DT, true>, (size_t)optin, first);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1258,9 +1242,7 @@ bool plan_bulk(const lmk_rope_args *a, const Geom &g, uint32_t nb, const lmk_cud
                LaunchPlan *L)
 {
     const uint32_t es = a->dtype == LMK_F32 ? 4 : 2;
-    if (!d->bulk || nb != 16 || g.pair_b != 0 || 2 * g.half != a->rope_dim)
-        return false;
-    if (g.nc == 0)
+    if (!d->bulk || g.nc == 0 || nb != 16 || g.pair_b != 0 || 2 * g.half != a->rope_dim)
         return false;
     const bool span_ok = a->interleaved || g.stride_b == g.half * es;
     const uint32_t row_b = a->head_dim * es, rot_b = a->rope_dim * es, nh1 = g.rows - g.nh0;
