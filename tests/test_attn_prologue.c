@@ -1153,6 +1153,41 @@ static void test_edges(const tst_dev *devs, int n_dev)
     group_line("edge shapes, modes, scalings, layouts", n, failed, n_dev, t0);
 }
 
+/* The bench's prompts at their own length on the GPU only (the CPU's paths are the same as at T = 300,
+ * and a CPU runs these for seconds): Qwen3.5-27B at T = 4106 with a bf16 and an f8 cache and in f32,
+ * Qwen3-8B in place in the packed QKV, and two shapes no model has: head_dim 1024 inside a q|gate
+ * layout, and 4/1 heads at 12001 tokens with an f8 cache (tiles of 4 tokens, the last one short). */
+static void test_gpu_prompts(const tst_dev *devs, int n_dev)
+{
+    tst_dev gpus[TST_MAX_DEVS];
+    int n_gpu = 0;
+    for (int i = 0; i < n_dev; i++)
+        if (devs[i].backend == LMK_BACKEND_CUDA)
+            gpus[n_gpu++] = devs[i];
+    if (n_gpu == 0) {
+        printf("  long prompts at the bench's lengths (GPU only): skipped (no CUDA device)\n");
+        return;
+    }
+    spec e[8];
+    int n = 0;
+    spec s = edge(M_Q35_27B, 4106, LMK_BF16, "(the bench prompt)");
+    s.padding = false, s.text_pos = true, e[n++] = s;
+    s.f8 = true, s.k_scale = 0.0625f, s.v_scale = 0.125f, s.note = "(the bench prompt, f8 cache)", e[n++] = s;
+    s = edge(M_Q35_27B, 4106, LMK_F32, "(the bench prompt, f32)");
+    s.padding = false, s.text_pos = true, e[n++] = s;
+    s = edge(M_Q3_8B, 4106, LMK_BF16, "(the bench prompt, in place in packed QKV)");
+    s.padding = false, e[n++] = s;
+    s = edge(M_Q3_8B, 2003, LMK_BF16, "(head_dim 1024 in q|gate)");
+    shape(&s, 4, 2, 1024, 128, LMK_ROPE_NEOX, L_QGATE), e[n++] = s;
+    s = edge(M_Q3_8B, 12001, LMK_F16, "(4/1 heads, 12001 tokens)");
+    shape(&s, 4, 1, 128, 128, LMK_ROPE_NEOX, L_DENSE), s.outputs = O_BOTH, s.f8 = true, e[n++] = s;
+    const double t0 = tst_now();
+    int failed = 0;
+    for (int i = 0; i < n; i++)
+        failed += !run_spec(&e[i], gpus, n_gpu, false);
+    group_line("long prompts at the bench's lengths (GPU only)", n, failed, n_gpu, t0);
+}
+
 /* Prompts long enough that CUDA's prefill kernel runs several of the plan's blocks in each block
  * of its grid (the grid holds only what fits the GPU at once: ~400 blocks on an H200), so that
  * both staging areas and both table copies are used, including at a last short tile: every model
@@ -1178,11 +1213,12 @@ static void test_long_prompts(const tst_dev *devs, int n_dev)
     shape(&s, 96, 8, 128, 64, LMK_ROPE_NEOX, L_QKV), s.f8 = true, e[n++] = s;
     s = edge(M_Q3_8B, 3001, LMK_BF16, "(long prompt, rope_dim 512: pairs past CUDA's angle table)");
     shape(&s, 2, 1, 512, 512, LMK_ROPE_NEOX, L_DENSE), e[n++] = s;
-    const double t0 = tst_now();
+    double t0 = tst_now();
     int failed = 0;
     for (int i = 0; i < n; i++)
         failed += !run_spec(&e[i], devs, n_dev, false);
     group_line("long prompts (CUDA blocks stream several tiles)", n, failed, n_dev, t0);
+    test_gpu_prompts(devs, n_dev);
 }
 
 /* ---- 2, 3: named cases ---- */

@@ -1275,7 +1275,9 @@ __device__ __forceinline__ void stage_wait_older()
  * The tables are double-buffered (iteration i writes one block's tables while slower warps may
  * still read the other's; the readers of the one it overwrites are past the previous barrier); the
  * staged units and words are thread-private; the weights are filled once. Per row the work is
- * prologue_kernel's: the same sums, the same outputs, the same bits. */
+ * prologue_kernel's: the same sums, the same outputs, the same bits. AHEAD runs only without an f8
+ * cache (plan_launch), so its rows are compiled without the f8 paths (bf16: 4,104 SASS instructions
+ * instead of 12,696; docs/cuda_notes.md, attn_prologue version 6). */
 template <int DT, int VE, int U, bool AHEAD>
 __global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __grid_constant__ ApParams p)
 {
@@ -1341,8 +1343,9 @@ __global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __gr
         }
         ss = team_sum(ss, L);
         if (cur.live)
-            emit_row<DT, VE, U, false>(p, sh, dst_of(p, sh, cur.kind, bk.t0 + cur.tl, cur.tl, cur.h), cur.tl,
-                                       cur.kind, cur.in, norm, rsqrtf(fmaf(ss, p.inv_d, p.eps)), lane, L, a, b);
+            emit_row<DT, VE, U, false, !AHEAD>(p, sh, dst_of(p, sh, cur.kind, bk.t0 + cur.tl, cur.tl, cur.h),
+                                               cur.tl, cur.kind, cur.in, norm, rsqrtf(fmaf(ss, p.inv_d, p.eps)),
+                                               lane, L, a, b);
         if (!more)
             break;
         if constexpr (AHEAD) {
