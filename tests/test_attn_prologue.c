@@ -1165,7 +1165,7 @@ static void test_gpu_prompts(const tst_dev *devs, int n_dev)
         if (devs[i].backend == LMK_BACKEND_CUDA)
             gpus[n_gpu++] = devs[i];
     if (n_gpu == 0) {
-        printf("  long prompts at the bench's lengths (GPU only): skipped (no CUDA device)\n");
+        SKIP("long prompts at the bench's lengths: GPU only, and no CUDA device is open");
         return;
     }
     spec e[8];
@@ -1213,12 +1213,11 @@ static void test_long_prompts(const tst_dev *devs, int n_dev)
     shape(&s, 96, 8, 128, 64, LMK_ROPE_NEOX, L_QKV), s.f8 = true, e[n++] = s;
     s = edge(M_Q3_8B, 3001, LMK_BF16, "(long prompt, rope_dim 512: pairs past CUDA's angle table)");
     shape(&s, 2, 1, 512, 512, LMK_ROPE_NEOX, L_DENSE), e[n++] = s;
-    double t0 = tst_now();
+    const double t0 = tst_now();
     int failed = 0;
     for (int i = 0; i < n; i++)
         failed += !run_spec(&e[i], devs, n_dev, false);
     group_line("long prompts (CUDA blocks stream several tiles)", n, failed, n_dev, t0);
-    test_gpu_prompts(devs, n_dev);
 }
 
 /* ---- 2, 3: named cases ---- */
@@ -1669,6 +1668,7 @@ int main(void)
         test_edges(devs, n_dev);
         test_models(devs, n_dev);
         test_long_prompts(devs, n_dev);
+        test_gpu_prompts(devs, n_dev);
         test_far_positions(devs, n_dev);
     }
     lmk_device_close(g_other);
