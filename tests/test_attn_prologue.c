@@ -1192,8 +1192,9 @@ static void test_gpu_prompts(const tst_dev *devs, int n_dev)
  * of its grid (the grid holds only what fits the GPU at once: ~400 blocks on an H200), so that
  * both staging areas and both table copies are used, including at a last short tile: every model
  * (in place inside the packed QKV, q inside q|gate, f8 and paged caches, padding slots), a shape
- * with tiles of several tokens, one with several row groups per token, and one with more angles
- * than threads and pairs past the angle table the host passes (rope_dim 512). Every device runs
+ * with tiles of several tokens, two with several row groups per token (one with groups that do not
+ * divide the grid), and one with more angles than threads and pairs past the angle table the host
+ * passes (rope_dim 512). Every device runs
  * them; the CPU's paths are the same as at T = 300. */
 static void test_long_prompts(const tst_dev *devs, int n_dev)
 {
@@ -1213,6 +1214,10 @@ static void test_long_prompts(const tst_dev *devs, int n_dev)
     shape(&s, 96, 8, 128, 64, LMK_ROPE_NEOX, L_QKV), s.f8 = true, e[n++] = s;
     s = edge(M_Q3_8B, 3001, LMK_BF16, "(long prompt, rope_dim 512: pairs past CUDA's angle table)");
     shape(&s, 2, 1, 512, 512, LMK_ROPE_NEOX, L_DENSE), e[n++] = s;
+    /* f32 rows of 16 items take 16 lanes, so 76 rows a token are 5 groups (the last of 12 rows):
+     * CUDA's stream grid is then cut to a multiple of 5 (of ~400 blocks) */
+    s = edge(M_Q35_27B, 1003, LMK_F32, "(long prompt, 60/8 heads in f32: 5 row groups, the last short)");
+    shape(&s, 60, 8, 256, 64, LMK_ROPE_IMROPE, L_QGATE), e[n++] = s;
     const double t0 = tst_now();
     int failed = 0;
     for (int i = 0; i < n; i++)

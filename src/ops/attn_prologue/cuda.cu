@@ -61,7 +61,8 @@
  * calls of them). prologue_stream_kernel (prefill with 16-byte units): a grid of
  * the blocks that fit on the GPU at once, each taking the plan's blocks b, b + grid, ... with the
  * units of the next one already on their way into shared memory (cp.async) while it computes the
- * current one, its tables double-buffered and the weights filled once; without an f8 cache its
+ * current one, its tables double-buffered, the weights, each thread's task and the angle factors
+ * formed once (StreamRec, PairTab: a CUDA block keeps its group of rows); without an f8 cache its
  * tables are also formed one block ahead (docs/cuda_notes.md, attn_prologue version 4: prompts
  * take 14-25% less time than with one CUDA block each, 13-17% less with an f8 cache).
  *
@@ -162,6 +163,8 @@ struct Plan {
      * the second slot table and the two staging areas (bytes) */
     uint32_t cs2_at, slot2_at, stage_at;
     uint32_t words_at; /* 16 bytes a thread: its staged position and slot (bytes) */
+    uint32_t rec_at, pairs_at; /* its StreamRec a thread and its PairTab (bytes) */
+    uint64_t n_tiles;          /* ceil(seq / tile) */
 };
 
 struct ApParams {
@@ -1213,15 +1216,145 @@ __device__ __forceinline__ void stage_wait_all()
 #endif
 }
 
-/* Stages what thread tid's part of block bk's tables reads: the position of its first (token,
- * pair) when that pair is in the host's table (into ps, 8 bytes; an i32 in the low 4), and for tid
- * < tt its token's slot (into ps + 8). Returns whether the position was staged. */
-__device__ __forceinline__ bool stage_table_words(const ApParams &p, const Block &bk, unsigned char *ps)
+/* What a thread of prologue_stream_kernel keeps from one of its blocks to the next. Its grid is a
+ * multiple of the row groups (launch), so a CUDA block keeps its group of rows in every block of
+ * the plan it takes and each team keeps its task; only the tile moves. The record holds the row's
+ * head h and, packed in info: bits 0-7 the team's token of the tile, 8-9 the row's kind, 10 the
+ * team has a row, 11-18 and 19-30 the (token, pair) of the thread's first (cos, sin) entry
+ * (threadIdx.x / half, threadIdx.x % half), 31 that entry's angle factor is in the block's
+ * PairTab (the block has q or k rows, the entry is in the tile and its pair < kTabPairs).
+ * Thread-private, in shared memory: the kernel is at its register bound, and forming these again
+ * each block (run-time divisions by the groups and by half, the task's division, the angle
+ * factor and axis by constant loads at a per-thread index, which a warp serialises) was 15% of
+ * its instructions (20.6M -> 17.6M warp instructions, Qwen3-8B bf16 T = 4106; docs/cuda_notes.md,
+ * attn_prologue version 7). Pointers are formed
+ * from h each block: records of pointers or offsets (32 bytes a thread) ran 1-3% slower in run 51,
+ * and pointers read from shared memory compile to generic stores (run 49). */
+struct StreamRec {
+    uint32_t info, h;
+};
+
+/* A pair's angle factor with its freq_factor applied (as angle_cs) and its position's offset in
+ * the positions (axis * pos_axis_stride): pairs < min(half, kTabPairs), formed once a block. */
+struct PairTab {
+    double freq;
+    uint64_t pos_off;
+};
+static_assert(sizeof(StreamRec) == 8 && sizeof(PairTab) == 16, "shared-memory records (plan_launch)");
+
+__device__ __forceinline__ uint32_t rec_tl(uint32_t info)
 {
-    const uint32_t tid = threadIdx.x, tl = tid / p.half, i = tid - tl * p.half;
-    const bool pos = bk.r_lo < p.hq + p.hk && tid < bk.tt * p.half && i < kTabPairs;
+    return info & 0xffu;
+}
+
+__device__ __forceinline__ int rec_kind(uint32_t info)
+{
+    return (int)(info >> 8 & 3u);
+}
+
+__device__ __forceinline__ uint32_t rec_angle_tl(uint32_t info)
+{
+    return info >> 11 & 0xffu;
+}
+
+__device__ __forceinline__ uint32_t rec_pair(uint32_t info)
+{
+    return info >> 19 & 0xfffu;
+}
+
+/* The team has a row in a block whose tile has tt tokens. */
+__device__ __forceinline__ bool rec_live(uint32_t info, uint32_t tt)
+{
+    return (info >> 10 & 1u) && rec_tl(info) < tt;
+}
+
+/* Thread threadIdx.x's record in a block of group `group` (parameters only). tile <= 256 and
+ * threads <= 256 (plan_launch), so each place fits its bits. */
+__device__ __forceinline__ StreamRec stream_rec(const ApParams &p, uint32_t group, uint32_t team)
+{
+    const Plan &pl = p.pl;
+    const uint32_t r_lo = group * pl.rpg, nr = min(pl.rpg, p.rows - r_lo);
+    const uint32_t tl = (team * pl.magic) >> kMagicShift, rr = team - tl * pl.rpg;
+    const bool has = team < pl.tile * pl.rpg && rr < nr;
+    uint32_t h = 0;
+    const int kind = kind_of(p, r_lo + rr, &h);
+    StreamRec r{};
+    r.h = has ? h : 0u;
+    const uint32_t tid = threadIdx.x, atl = tid / p.half, i = tid - atl * p.half;
+    const bool tab = r_lo < p.hq + p.hk && tid < pl.tile * p.half && i < kTabPairs;
+    r.info = (has ? tl : 0u) | (uint32_t)kind << 8 | (has ? 1u : 0u) << 10;
+    if (tid < pl.tile * p.half)
+        r.info |= atl << 11 | i << 19 | (tab ? 1u : 0u) << 31;
+    return r;
+}
+
+/* The block's PairTab (after pdl_enter: freq_factors is device memory): the values angle_cs forms. */
+__device__ __forceinline__ void fill_pair_tab(const ApParams &p, PairTab *pt)
+{
+    const uint32_t n = min(p.half, kTabPairs);
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const double f = p.a.freq[i];
+        pt[i] = PairTab{p.a.ff ? f / (double)__ldg(p.a.ff + i) : f, (uint64_t)p.a.axis[i] * p.a.pos_axis_stride};
+    }
+}
+
+/* Block (tile ti, group) of the plan. */
+__device__ __forceinline__ Block stream_block(const ApParams &p, uint64_t ti, uint32_t group)
+{
+    const Plan &pl = p.pl;
+    Block bk;
+    bk.t0 = ti * pl.tile;
+    bk.tt = (uint32_t)min((uint64_t)pl.tile, pl.seq - bk.t0);
+    bk.r_lo = group * pl.rpg;
+    bk.nr = min(pl.rpg, p.rows - bk.r_lo);
+    return bk;
+}
+
+/* The record's input row at token t. */
+__device__ __forceinline__ const unsigned char *rec_in(const ApParams &p, const StreamRec *r, int kind, uint64_t t)
+{
+    return row_in(p, kind, t, r->h);
+}
+
+/* The record's destinations at token t (dst_base's), its slot at *slot (dst_at's rule). */
+__device__ __forceinline__ Dst rec_dst(const ApParams &p, const StreamRec *r, int kind, uint64_t t,
+                                       const int64_t *slot)
+{
+    return dst_at(dst_base(p, kind, t, r->h), slot);
+}
+
+/* Block bk's (cos, sin) table: fill_angles's entries, the thread's first one from its record and
+ * the PairTab (the same arithmetic as angle_cs: the same bits), any further one (more entries than
+ * threads) as fill_angles forms it; the first skipped when skip_first (formed from a staged
+ * position). */
+__device__ __forceinline__ void fill_angles_rec(const ApParams &p, const PairTab *pt, const Block &bk, uint32_t info,
+                                                float2 *cs, bool skip_first)
+{
+    if (bk.r_lo < p.hq + p.hk) { /* v rows only: no angle */
+        const uint32_t n = bk.tt * p.half, tid = threadIdx.x;
+        if (!skip_first && tid < n) {
+            const uint32_t tl = rec_angle_tl(info), i = rec_pair(info);
+            cs[tid] = info >> 31 ? scaled_cs(p.a, lmk_rope_pos(p.a.pos, p.a.pos_dtype, pt[i].pos_off + bk.t0 + tl) *
+                                                      pt[i].freq)
+                                 : angle_cs(p.a, bk.t0 + tl, i);
+        }
+        for (uint32_t j = tid + blockDim.x; j < n; j += blockDim.x) {
+            const uint32_t tl = j / p.half;
+            cs[j] = angle_cs(p.a, bk.t0 + tl, j - tl * p.half);
+        }
+    }
+}
+
+/* Stages what thread tid's part of block bk's tables reads: the position of its first (token,
+ * pair) when that pair is in the PairTab (into ps, 8 bytes; an i32 in the low 4), and for tid < tt
+ * its token's slot (into ps + 8). Returns whether the position was staged. */
+__device__ __forceinline__ bool stage_table_words(const ApParams &p, const PairTab *pt, const Block &bk,
+                                                  uint32_t info, unsigned char *ps)
+{
+    const uint32_t tid = threadIdx.x;
+    const bool pos = (info >> 31) && rec_angle_tl(info) < bk.tt;
     if (pos) {
-        const uint64_t at = (uint64_t)p.a.axis[i] * p.a.pos_axis_stride + bk.t0 + tl;
+        const uint64_t at = pt[rec_pair(info)].pos_off + bk.t0 + rec_angle_tl(info);
         const bool wide = p.a.pos_dtype == LMK_I64;
         stage_word(ps, static_cast<const unsigned char *>(p.a.pos) + at * (wide ? 8 : 4), wide, true);
     }
@@ -1232,20 +1365,19 @@ __device__ __forceinline__ bool stage_table_words(const ApParams &p, const Block
 }
 
 /* Block bk's (cos, sin) and slot tables (after the thread's copies landed): thread tid's first
- * angle from its staged position, any further one (more angles than threads, pairs past the host's
- * table) loaded here, its token's slot from its staged word. */
-__device__ __forceinline__ void fill_tables_staged(const ApParams &p, const Block &bk, const unsigned char *ps,
-                                                   bool staged, float2 *cs, int64_t *slot)
+ * angle from its staged position, any other entry by fill_angles_rec, its token's slot from its
+ * staged word. */
+__device__ __forceinline__ void fill_tables_staged(const ApParams &p, const PairTab *pt, const Block &bk,
+                                                   uint32_t info, const unsigned char *ps, bool staged, float2 *cs,
+                                                   int64_t *slot)
 {
     const uint32_t tid = threadIdx.x;
     if (staged) {
-        const uint32_t i = tid - (tid / p.half) * p.half;
         const double pos = p.a.pos_dtype == LMK_I64 ? (double)*reinterpret_cast<const int64_t *>(ps)
                                                     : (double)*reinterpret_cast<const int32_t *>(ps);
-        const double freq = p.a.ff ? p.a.freq[i] / (double)__ldg(p.a.ff + i) : p.a.freq[i]; /* as angle_cs */
-        cs[tid] = scaled_cs(p.a, pos * freq);
+        cs[tid] = scaled_cs(p.a, pos * pt[rec_pair(info)].freq);
     }
-    fill_angles(p, bk, cs, staged);
+    fill_angles_rec(p, pt, bk, info, cs, staged);
     if (p.slots && tid < bk.tt)
         slot[tid] = p.slot_i64 ? *reinterpret_cast<const int64_t *>(ps + 8)
                                : (int64_t)*reinterpret_cast<const int32_t *>(ps + 8);
@@ -1260,11 +1392,14 @@ __device__ __forceinline__ void stage_wait_older()
 }
 
 /* The prefill kernel for 16-byte units without chunks (plan_launch's stream plan). The grid is at
- * most the blocks that fit on the GPU at once; block b takes the plan's blocks b, b + gridDim.x,
- * ..., and at the top of block i's iteration every thread issues cp.async copies of block i + 1's
- * units into its own staging area, so that a memory round trip stays in flight through block i's
- * arithmetic (prologue_kernel's blocks load, fill, wait, compute and exit: their loads are in
- * flight only at the start). Two orders of the rest (docs/cuda_notes.md, attn_prologue version 4):
+ * most the blocks that fit on the GPU at once, rounded down to a multiple of the row groups
+ * (launch); CUDA block b takes the plan's blocks b, b + gridDim.x, ..., all of one group, and at
+ * the top of block i's iteration every thread issues cp.async copies of block i + 1's units into
+ * its own staging area, so that a memory round trip stays in flight through block i's arithmetic
+ * (prologue_kernel's blocks load, fill, wait, compute and exit: their loads are in flight only at
+ * the start). A thread forms its StreamRec once, and the block its PairTab; each block of the
+ * plan then costs a thread a few products of its token. Two orders of the rest
+ * (docs/cuda_notes.md, attn_prologue version 4):
  *   AHEAD: the thread also stages the position and slot its part of block i + 1's tables reads;
  *     it computes block i from tables the previous iteration formed, then waits for its copies
  *     (they had the whole computation to land), forms block i + 1's (cos, sin) and slot tables,
@@ -1274,10 +1409,11 @@ __device__ __forceinline__ void stage_wait_older()
  *     for f8 caches, whose longer arithmetic ran 4-15% slower in the AHEAD order (run 28).
  * The tables are double-buffered (iteration i writes one block's tables while slower warps may
  * still read the other's; the readers of the one it overwrites are past the previous barrier); the
- * staged units and words are thread-private; the weights are filled once. Per row the work is
- * prologue_kernel's: the same sums, the same outputs, the same bits. AHEAD runs only without an f8
- * cache (plan_launch), so its rows are compiled without the f8 paths (bf16: 4,104 SASS instructions
- * instead of 12,696; docs/cuda_notes.md, attn_prologue version 6). */
+ * staged units and words and the records are thread-private; the weights and the PairTab are
+ * filled once. Per row the work is prologue_kernel's: the same sums, the same outputs, the same
+ * bits. AHEAD runs only without an f8 cache (plan_launch), so its rows are compiled without the
+ * f8 paths (bf16: 4,104 SASS instructions instead of 12,696; docs/cuda_notes.md, attn_prologue
+ * version 6). */
 template <int DT, int VE, int U, bool AHEAD>
 __global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __grid_constant__ ApParams p)
 {
@@ -1288,74 +1424,85 @@ __global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __gr
     const uint32_t stage_b = 2 * U * blockDim.x * 16; /* bytes of one staging area */
     float *const w = reinterpret_cast<float *>(smem) + pl.w_at;
     unsigned char *const ps = sm + pl.words_at + threadIdx.x * 16; /* the thread's staged words */
-    const uint32_t L = 1u << pl.l_log2, lane = threadIdx.x & (L - 1u), team = threadIdx.x >> pl.l_log2;
-    uint64_t blk = blockIdx.x;
-    pdl_enter(); /* everything above is parameter arithmetic; every memory access is below */
+    StreamRec *const rec = reinterpret_cast<StreamRec *>(sm + pl.rec_at) + threadIdx.x;
+    PairTab *const pt = reinterpret_cast<PairTab *>(sm + pl.pairs_at);
+    const uint32_t L = 1u << pl.l_log2, lane = threadIdx.x & (L - 1u);
+    const uint32_t group = blockIdx.x % pl.groups, step = gridDim.x / pl.groups;
+    uint64_t ti = blockIdx.x / pl.groups; /* the tile of the plan's block */
+    *rec = stream_rec(p, group, threadIdx.x >> pl.l_log2);
+    pdl_enter(); /* everything above is parameter arithmetic; every global memory access is below */
     {
-        const Block bk = block_of(p, blk);
-        const RowTask t = row_task(p, bk, team);
-        if (t.live)
-            stage_items<VE, U>(p, p.kind[t.kind == 2 ? 1 : 0], t.in, lane, L, sm + pl.stage_at);
-        const bool staged = AHEAD && stage_table_words(p, bk, ps);
-        stage_commit();
+        const Block bk = stream_block(p, ti, group);
+        const uint32_t info = rec->info;
+        if (rec_live(info, bk.tt)) {
+            const int kind = rec_kind(info);
+            stage_items<VE, U>(p, p.kind[kind == 2 ? 1 : 0], rec_in(p, rec, kind, bk.t0 + rec_tl(info)), lane, L,
+                               sm + pl.stage_at);
+        }
+        fill_pair_tab(p, pt);
         fill_weights(p, w);
+        __syncthreads(); /* the PairTab */
+        const bool staged = AHEAD && stage_table_words(p, pt, bk, info, ps);
+        stage_commit();
         if constexpr (AHEAD) {
             stage_wait_all();
-            fill_tables_staged(p, bk, ps, staged, reinterpret_cast<float2 *>(smem),
+            fill_tables_staged(p, pt, bk, info, ps, staged, reinterpret_cast<float2 *>(smem),
                                reinterpret_cast<int64_t *>(sm + pl.slot_at));
             __syncthreads();
         }
     }
-    /* Only blk is carried from one block to the next: its tile and row are recomputed (a few
-     * integer operations) rather than kept live through the arithmetic. */
     for (uint32_t s = 0;; s ^= 1) {
-        const uint64_t nb = blk + gridDim.x;
-        const bool more = nb < pl.n_blocks;
+        const uint64_t nt = ti + step;
+        const bool more = nt < pl.n_tiles;
         bool staged = false;
         if (more) {
-            const Block nbk = block_of(p, nb);
-            const RowTask t = row_task(p, nbk, team);
-            if (t.live)
-                stage_items<VE, U>(p, p.kind[t.kind == 2 ? 1 : 0], t.in, lane, L,
-                                   sm + pl.stage_at + (s ^ 1) * stage_b);
+            const Block nbk = stream_block(p, nt, group);
+            const uint32_t info = rec->info;
+            if (rec_live(info, nbk.tt)) {
+                const int kind = rec_kind(info);
+                stage_items<VE, U>(p, p.kind[kind == 2 ? 1 : 0], rec_in(p, rec, kind, nbk.t0 + rec_tl(info)), lane,
+                                   L, sm + pl.stage_at + (s ^ 1) * stage_b);
+            }
             if constexpr (AHEAD)
-                staged = stage_table_words(p, nbk, ps);
+                staged = stage_table_words(p, pt, nbk, info, ps);
         }
         if (!AHEAD || more)
             stage_commit(); /* !AHEAD: possibly empty, the wait below always leaves the newest group */
-        const Block bk = block_of(p, blk);
-        const RowTask cur = row_task(p, bk, team);
+        const Block bk = stream_block(p, ti, group);
+        const uint32_t info = rec->info;
         const Shared sh{reinterpret_cast<float2 *>(smem) + (s ? pl.cs2_at : 0), w,
                         reinterpret_cast<int64_t *>(sm + (s ? pl.slot2_at : pl.slot_at))};
         if constexpr (!AHEAD) {
-            fill_angles(p, bk, sh.cs, false);
+            fill_angles_rec(p, pt, bk, info, sh.cs, false);
             fill_slots(p, bk, sh.slot);
             stage_wait_older();
             __syncthreads();
         }
+        const bool live = rec_live(info, bk.tt);
+        const int kind = rec_kind(info);
+        const uint32_t tl = rec_tl(info);
         Raw<16> a[U], b[U];
-        const bool norm = cur.live && (cur.kind == 0 ? p.q_w != nullptr : cur.kind == 1 && p.k_w != nullptr);
+        const bool norm = live && (kind == 0 ? p.q_w != nullptr : kind == 1 && p.k_w != nullptr);
         float ss = 0.0f;
-        if (cur.live) {
+        if (live) {
             unstage_items<U>(sm + pl.stage_at + s * stage_b, a, b);
             if (norm)
                 ss = sum_sq<DT, VE, U>(a, b);
         }
         ss = team_sum(ss, L);
-        if (cur.live)
-            emit_row<DT, VE, U, false, !AHEAD>(p, sh, dst_of(p, sh, cur.kind, bk.t0 + cur.tl, cur.tl, cur.h),
-                                               cur.tl, cur.kind, cur.in, norm, rsqrtf(fmaf(ss, p.inv_d, p.eps)),
-                                               lane, L, a, b);
+        if (live) /* the input row is read only by chunks, which this kernel has not */
+            emit_row<DT, VE, U, false, !AHEAD>(p, sh, rec_dst(p, rec, kind, bk.t0 + tl, sh.slot + tl), tl, kind,
+                                               nullptr, norm, rsqrtf(fmaf(ss, p.inv_d, p.eps)), lane, L, a, b);
         if (!more)
             break;
         if constexpr (AHEAD) {
             stage_wait_all();
-            fill_tables_staged(p, block_of(p, nb), ps, staged,
+            fill_tables_staged(p, pt, stream_block(p, nt, group), info, ps, staged,
                                reinterpret_cast<float2 *>(smem) + (s ? 0 : pl.cs2_at),
                                reinterpret_cast<int64_t *>(sm + (s ? pl.slot_at : pl.slot2_at)));
             __syncthreads();
         }
-        blk = nb;
+        ti = nt;
     }
 }
 
@@ -1387,6 +1534,8 @@ cudaError_t launch(const ApParams &p, const LaunchPlan &L, cudaStream_t st)
                 return e;
             uint64_t n = (uint64_t)(per_sm > 0 ? per_sm : 1) * (uint64_t)(L.sm_count > 0 ? L.sm_count : 1);
             n = n < p.pl.n_blocks ? n : p.pl.n_blocks;
+            /* a multiple of the groups (n_blocks is one): each CUDA block keeps its group */
+            n = n < p.pl.groups ? p.pl.groups : n - n % p.pl.groups;
             return lmk_cuda_start(k, p, dim3((unsigned)n, 1, 1), L.threads, L.smem, st, L.pdl);
         }
     }
@@ -1752,13 +1901,17 @@ void plan_launch(ApParams *p, int sm_count, bool units16, LaunchPlan *L)
     L->stream = L->ahead = false;
     L->sm_count = sm_count;
     /* Prefill with 16-byte units: prologue_stream_kernel, its shared memory two (cos, sin) tables,
-     * the weights, two slot tables, two staging areas of 2 * U 16-byte units a thread and 16 bytes
-     * a thread for its staged position and slot. Past 48 KB (head_dim near 1024 with a full rope)
-     * the blocks stay prologue_kernel's. The AHEAD order without an f8 cache (run 28). */
+     * the weights, two slot tables, two staging areas of 2 * U 16-byte units a thread, 16 bytes
+     * a thread for its staged position and slot, its StreamRec and the PairTab. Past 48 KB
+     * (head_dim near 1024 with a full rope) the blocks stay prologue_kernel's (allowing them 64
+     * KB changed no bench time, run 51). The AHEAD order without an f8 cache (run 28). */
     if (!spread && units16) { /* (spread whenever L->decode) */
         const uint64_t slot_bytes = p->slots ? ceil_div(tile * sizeof(int64_t), 16) * 16 : 0;
         const uint64_t stage_bytes = 2ull * kItems<16> * L->threads.x * 16;
-        const uint64_t total = 2 * cs_bytes + w_bytes + 2 * slot_bytes + 2 * stage_bytes + 16ull * L->threads.x;
+        const uint64_t rec_bytes = sizeof(StreamRec) * L->threads.x;
+        const uint64_t pair_bytes = sizeof(PairTab) * (p->half < kTabPairs ? p->half : kTabPairs);
+        const uint64_t total = 2 * cs_bytes + w_bytes + 2 * slot_bytes + 2 * stage_bytes + 16ull * L->threads.x +
+                               rec_bytes + pair_bytes;
         if (total <= 48 * 1024) {
             L->stream = true;
             L->ahead = !p->cache[0].f8 && !p->cache[1].f8;
@@ -1768,6 +1921,9 @@ void plan_launch(ApParams *p, int sm_count, bool units16, LaunchPlan *L)
             pl.slot2_at = (uint32_t)(pl.slot_at + slot_bytes);
             pl.stage_at = (uint32_t)(pl.slot2_at + slot_bytes);
             pl.words_at = (uint32_t)(pl.stage_at + 2 * stage_bytes);
+            pl.rec_at = (uint32_t)(pl.words_at + 16ull * L->threads.x);
+            pl.pairs_at = (uint32_t)(pl.rec_at + rec_bytes);
+            pl.n_tiles = ceil_div(seq, tile);
             L->smem = (size_t)total;
         }
     }
