@@ -1227,9 +1227,9 @@ __device__ __forceinline__ void stage_wait_all()
  * each block (run-time divisions by the groups and by half, the task's division, the angle
  * factor and axis by constant loads at a per-thread index, which a warp serialises) was 15% of
  * its instructions (20.6M -> 17.6M warp instructions, Qwen3-8B bf16 T = 4106; docs/cuda_notes.md,
- * attn_prologue version 7). Pointers are formed
- * from h each block: records of pointers or offsets (32 bytes a thread) ran 1-3% slower in run 51,
- * and pointers read from shared memory compile to generic stores (run 49). */
+ * attn_prologue version 7). Pointers are formed from h each block: records of pointers or
+ * offsets (32 bytes a thread) ran 1-3% slower in run 51, and pointers read from shared memory
+ * compile to generic stores (run 49). */
 struct StreamRec {
     uint32_t info, h;
 };
