@@ -1241,6 +1241,9 @@ struct PairTab {
     uint64_t pos_off;
 };
 static_assert(sizeof(StreamRec) == 8 && sizeof(PairTab) == 16, "shared-memory records (plan_launch)");
+/* StreamRec.info's fields: a token of the tile (tile <= teams <= kThreads) and threadIdx.x / half
+ * in 8 bits, a pair (< half <= kMaxDim / 2) in 12 */
+static_assert(kThreads <= 256 && kMaxDim / 2 <= 4096, "StreamRec.info's packing");
 
 __device__ __forceinline__ uint32_t rec_tl(uint32_t info)
 {
