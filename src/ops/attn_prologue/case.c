@@ -84,6 +84,8 @@ static bool multi_mode(lmk_rope_mode m)
 #define QWEN3_IN_PLACE QWEN3, .q_in_place = true, .k_in_place = true, .k_out = true
 /* Powers of two: CUDA's x * (1/scale) path (docs/cuda_notes.md, attn_prologue). */
 #define F8_SCALES .cache_dtype = LMK_F8E4M3, .k_scale = 0.0625f, .v_scale = 0.125f
+/* Scales as a calibration gives them (amax / 448 of each tensor): no exact reciprocal. */
+#define F8_CALIBRATED .cache_dtype = LMK_F8E4M3, .k_scale = 0.0173f, .v_scale = 0.0291f
 /* One token of each of T sequences: rows scattered over a cache of n, scattered positions. */
 #define DECODE_SLOTS(n) .n_slots = (n), .slots = SLOT_SHUFFLED, .pos = POS_SCATTERED
 
@@ -117,6 +119,10 @@ static const row k_rows[] = {
     {{QWEN35, .n_slots = 4106, .pos = POS_TEXT}, 4106, LMK_BF16, TST_CASE_FULL, "Qwen3.5/3.6-27B prompt"},
     {{QWEN3_IN_PLACE, F8_SCALES, .n_slots = 4106, .pos = POS_TEXT}, 4106, LMK_BF16, TST_CASE_FULL,
      "Qwen3-8B prompt, f8 cache"},
+    {{QWEN3_IN_PLACE, F8_CALIBRATED, .n_slots = 64, .pos = POS_TEXT}, 37, LMK_BF16, 0,
+     "Qwen3-8B prompt, f8 cache, calibrated scales"},
+    {{QWEN3_IN_PLACE, F8_CALIBRATED, DECODE_SLOTS(4096)}, 64, LMK_BF16, 0,
+     "Qwen3-8B decode batch, f8 cache, calibrated scales"},
     {{LLAMA31, .pos_dtype = LMK_I64}, 37, LMK_BF16, 0, "Llama-3.1-8B (no norm)"},
     {{LLAMA31}, 5, LMK_F32, TST_CASE_CONTRACT, "Llama-3.1-8B (no norm)"},
 };
@@ -247,12 +253,14 @@ static const bench_row k_bench[] = {
     {{QWEN35}, false, false, "Qwen3.5/3.6-27B", ""},
     {{QWEN3_IN_PLACE, F8_SCALES}, true, false, "Qwen3-8B", ""},
     {{QWEN35, F8_SCALES}, true, false, "Qwen3.5/3.6-27B", ""},
+    {{QWEN3_IN_PLACE, F8_CALIBRATED}, true, false, "Qwen3-8B", ", f8 cache, calibrated scales"},
     {{QWEN3}, false, true, "Qwen3-8B", ", q out of place (the earlier case)"},
 };
 
-/* Per T and dtype at most 5 cases: Qwen3-8B (q, k in place and to the cache) and Qwen3.5/3.6-27B
+/* Per T and dtype at most 6 cases: Qwen3-8B (q, k in place and to the cache) and Qwen3.5/3.6-27B
  * (q from q|gate, k to k_out and the cache), each with a cache in the input dtype and, in bf16,
- * an f8 one; at prompt lengths also the earlier Qwen3-8B case. Each configuration also has a row
+ * an f8 one (power-of-two scales), Qwen3-8B's also with calibrated scales; at prompt lengths also
+ * the earlier Qwen3-8B case. Each configuration also has a row
  * in k_rows at check sizes. */
 static int ap_bench_cases(uint32_t T, lmk_dtype dtype, bool longest, tst_case *out, int max)
 {
