@@ -1191,11 +1191,12 @@ static void test_gpu_prompts(const tst_dev *devs, int n_dev)
 /* Prompts long enough that CUDA's prefill kernel runs several of the plan's blocks in each block
  * of its grid (the grid holds only what fits the GPU at once: ~400 blocks on an H200), so that
  * both staging areas and both table copies are used, including at a last short tile: every model
- * (in place inside the packed QKV, q inside q|gate, f8 and paged caches, padding slots), a shape
- * with tiles of several tokens, two with several row groups per token (one with groups that do not
- * divide the grid), and one with more angles than threads and pairs past the angle table the host
- * passes (rope_dim 512). Every device runs
- * them; the CPU's paths are the same as at T = 300. */
+ * (in place inside the packed QKV, q inside q|gate, f8 and paged caches, padding slots; f8 scales
+ * that are powers of two, that are not, and one of each, which CUDA runs in different orders), a
+ * shape with tiles of several tokens, two with several row groups per token (one with groups that
+ * do not divide the grid), and one with more angles than threads and pairs past the angle table
+ * the host passes (rope_dim 512). Every device runs them; the CPU's paths are the same as at
+ * T = 300. */
 static void test_long_prompts(const tst_dev *devs, int n_dev)
 {
     spec e[8];
@@ -1204,14 +1205,14 @@ static void test_long_prompts(const tst_dev *devs, int n_dev)
     s.cache = C_PAGED, s.pos_dt = LMK_I64, e[n++] = s;
     s = edge(M_Q35_35B, 1401, LMK_F16, "(long prompt, f8 cache, q in place in q|gate)");
     s.f8 = true, s.in_place = true, s.outputs = O_CACHE, e[n++] = s;
-    s = edge(M_Q3_8B, 1501, LMK_BF16, "(long prompt, in place in packed QKV, f8)");
-    s.f8 = true, s.slot_dt = LMK_I64, e[n++] = s;
+    s = edge(M_Q3_8B, 1501, LMK_BF16, "(long prompt, in place in packed QKV, f8, calibrated scales)");
+    s.f8 = true, s.slot_dt = LMK_I64, s.k_scale = 0.0173f, s.v_scale = 0.0291f, e[n++] = s;
     s = edge(M_LLAMA31_8B, 1499, LMK_F32, "(long prompt, no norm, f32)");
     s.cache = C_COMBINED, e[n++] = s;
     s = edge(M_Q3_8B, 4801, LMK_BF16, "(long prompt, 4/1 heads: tiles of 4 tokens)");
     shape(&s, 4, 1, 128, 128, LMK_ROPE_NEOX, L_DENSE), s.outputs = O_BOTH, e[n++] = s;
-    s = edge(M_Q3_8B, 1003, LMK_F16, "(long prompt, 96/8 heads: row groups)");
-    shape(&s, 96, 8, 128, 64, LMK_ROPE_NEOX, L_QKV), s.f8 = true, e[n++] = s;
+    s = edge(M_Q3_8B, 1003, LMK_F16, "(long prompt, 96/8 heads: row groups, f8 with v_scale 3)");
+    shape(&s, 96, 8, 128, 64, LMK_ROPE_NEOX, L_QKV), s.f8 = true, s.v_scale = 3.0f, e[n++] = s;
     s = edge(M_Q3_8B, 3001, LMK_BF16, "(long prompt, rope_dim 512: pairs past CUDA's angle table)");
     shape(&s, 2, 1, 512, 512, LMK_ROPE_NEOX, L_DENSE), e[n++] = s;
     /* f32 rows of 16 items take 16 lanes, so 76 rows a token are 5 groups (the last of 12 rows):

@@ -15,7 +15,9 @@
  * bit pattern whose exponent field is 0x00 (zeros, subnormals), 0x60-0x8f (2^-31 to 2^17: every
  * rounding boundary, the subnormal codes, the saturation edge) or 0xff (infinities, every NaN
  * payload), both signs: 839 M inputs, under LMK_TEST_QUICK; otherwise all 2^32. Then every bf16
- * pattern through the bf16 kernel. Without a GPU this part prints a SKIP line.
+ * pattern through the bf16 kernel; then x / scale for scales with no exact reciprocal, powers of
+ * two, tiny and huge ones, on the inputs around every rounding boundary (check_gpu_scales).
+ * Without a GPU this part prints a SKIP line.
  */
 #include "harness.h"
 #include "lmk.h"
@@ -149,15 +151,17 @@ static bool rig_open(gpu_rig *g, int ordinal, lmk_dtype dt)
     return ok;
 }
 
-/* Writes n = G_T * G_DV values (in g->dt) to v, runs the prologue, reads the f8 cache into codes. */
-static bool rig_run(gpu_rig *g, const void *vals, uint8_t *codes)
+/* Writes n = G_T * G_DV values (in g->dt) to v, runs the prologue with v_scale (0 means 1), reads
+ * the f8 cache into codes. */
+static bool rig_run(gpu_rig *g, const void *vals, float v_scale, uint8_t *codes)
 {
     const size_t n = (size_t)G_T * G_DV;
     const lmk_rope_params rp = {.head_dim = G_D, .rope_dim = G_D, .n_heads = 1, .n_k_heads = 1, .seq_len = G_T,
                                 .freq_base = 10000.0f, .mode = LMK_ROPE_NEOX};
     const lmk_rms_norm_params nm = {.eps = 1e-6f};
     const lmk_attn_prologue_io io = {.q_in = g->q, .k_in = g->k, .v_in = g->v, .positions = g->pos,
-                                     .slots = g->slots, .q_out = g->qo, .k_cache = g->kc, .v_cache = g->vc};
+                                     .slots = g->slots, .q_out = g->qo, .k_cache = g->kc, .v_cache = g->vc,
+                                     .v_scale = v_scale};
     const bool ok = lmk_buffer_write(g->v, 0, vals, n * lmk_dtype_size(g->dt)) == LMK_OK &&
                     lmk_attn_prologue(g->s, &io, &rp, &nm) == LMK_OK && lmk_stream_sync(g->s) == LMK_OK &&
                     lmk_buffer_read(g->vc, 0, codes, n) == LMK_OK;
@@ -169,6 +173,61 @@ static bool env_set(const char *name)
 {
     const char *e = getenv(name);
     return e && *e && strcmp(e, "0") != 0;
+}
+
+/* x / scale as lmk.h defines it: the f32 quotient (correctly rounded), then lmk_f32_to_f8e4m3. */
+static uint8_t scaled_code(float x, float scale)
+{
+    return lmk_f32_to_f8e4m3(x / scale);
+}
+
+/* The f8 cache write with scales that have no exact reciprocal (the kernel divides; it does not
+ * multiply by a rounded 1 / scale), and with powers of two, tiny and huge scales. The inputs a
+ * wrong quotient would show: for every E4M3 value and every midpoint between neighbours (the
+ * rounding boundaries), in both signs, the f32 values within 8 ulps of value * scale, whose
+ * quotients land within a few ulps of the boundary; the special values; the rest of the 2^26
+ * inputs random bit patterns (any exponent). Compared with scaled_code bit for bit. */
+static void check_gpu_scales(gpu_rig *g, int ordinal, uint32_t *vals, uint8_t *codes)
+{
+    const float scales[] = {0.0173f, 0.0291f, 3.0f, 1.0f / 3.0f, 0x1.fffffep-1f, 0x1.000002p0f, 7.1e-5f, 1234.567f,
+                            0x1.7p-64f, 0x1.3p63f, 1e-30f, 3e30f, 1e-40f, 0x1p-140f, 0.0625f, 448.0f};
+    const uint32_t special[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7f7fffffu, 0xff7fffffu,
+                                0x00000001u, 0x80000001u, 0x007fffffu, 0x00800000u, 0x7fc00000u, 0xffc00001u};
+    const size_t n = (size_t)G_T * G_DV;
+    uint64_t x = 0x2545f4914f6cdd1dull;
+    for (size_t si = 0; si < sizeof scales / sizeof scales[0]; si++) {
+        const float sc = scales[si];
+        size_t m = 0;
+        for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+            vals[m++] = special[i];
+        for (int sgn = 0; sgn < 2; sgn++)
+            for (int c = 0; c <= 0x7e; c++) {
+                const double lo = decode((uint8_t)c), hi = c < 0x7e ? decode((uint8_t)(c + 1)) : 464.0;
+                const double at[2] = {lo, (lo + hi) / 2};
+                for (int k = 0; k < 2; k++) {
+                    const float t = (float)((sgn ? -at[k] : at[k]) * (double)sc);
+                    uint32_t b;
+                    memcpy(&b, &t, 4);
+                    for (int d = -8; d <= 8; d++)
+                        vals[m++] = b + (uint32_t)d;
+                }
+            }
+        while (m < n) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            vals[m++] = (uint32_t)x;
+        }
+        if (!rig_run(g, vals, sc, codes))
+            return;
+        long long bad = 0;
+        for (size_t k = 0; k < n; k++) {
+            const uint8_t want = scaled_code(from_bits(vals[k]), sc);
+            if (codes[k] != want && bad++ < 8)
+                CHECK(0, "cuda:%d f32 -> f8 cache, v_scale %a: 0x%08x (%a) stored 0x%02x, want 0x%02x", ordinal,
+                      (double)sc, vals[k], (double)from_bits(vals[k]), codes[k], want);
+        }
+        CHECK(bad == 0, "cuda:%d: the f8 cache write with v_scale %g (%a) on %zu inputs: %lld differ from "
+              "lmk_f32_to_f8e4m3(x / scale)", ordinal, (double)sc, (double)sc, n, bad);
+    }
 }
 
 /* Every f32 pattern with one of the chosen exponent fields (all 2^32 without LMK_TEST_QUICK), four
@@ -199,7 +258,7 @@ static void check_gpu(int ordinal)
                     for (uint32_t f = 0; f < (1u << 23); f++)
                         vals[m++] = (sgn << 31) | (e << 23) | f;
             }
-            if (!rig_run(&g, vals, codes))
+            if (!rig_run(&g, vals, 0.0f, codes))
                 break;
             for (size_t k = 0; k < n; k++) {
                 const uint8_t want = lmk_f32_to_f8e4m3(from_bits(vals[k]));
@@ -218,7 +277,7 @@ static void check_gpu(int ordinal)
         uint16_t *h = (uint16_t *)vals;
         for (size_t k = 0; k < n; k++)
             h[k] = (uint16_t)k; /* every bf16 pattern, 1024 times over */
-        if (rig_run(&g, h, codes))
+        if (rig_run(&g, h, 0.0f, codes))
             for (size_t k = 0; k < 65536; k++) {
                 const uint8_t want = lmk_f32_to_f8e4m3(from_bits((uint32_t)h[k] << 16));
                 if (codes[k] != want && bad++ < 8)
@@ -228,6 +287,9 @@ static void check_gpu(int ordinal)
         CHECK(bad == 0, "cuda:%d: the bf16 kernel's f8 cache write on every bf16 pattern: %lld differ", ordinal,
               bad);
     }
+    rig_free(&g);
+    if (rig_open(&g, ordinal, LMK_F32))
+        check_gpu_scales(&g, ordinal, vals, codes);
     rig_free(&g);
     free(vals);
     free(codes);
