@@ -34,9 +34,11 @@
  * device: without a norm the two ops agree within an ulp of the angle, not bit for bit. Outputs:
  * q_out and k_out in the input dtype, two elements per conversion instruction (nearest even; a unit
  * holding a NaN is built again, out of line, with lmk's own narrowing, which keeps the NaN quiet
- * with its sign); caches in the input dtype or f8e4m3 from the f32 value as x / scale (__fdiv_rn;
- * a power-of-two scale multiplies by its exact reciprocal, which rounds identically), two codes
- * per cvt.rn.satfinite.e4m3x2.f32 on sm_89 and later (the same codes as lmk_f8e4m3_from_f32_bits,
+ * with its sign); caches in the input dtype or f8e4m3 from the f32 value as x / scale (a
+ * power-of-two scale multiplies by its exact reciprocal, which rounds identically; any other
+ * corrects x * (1 / scale) twice by fma, f8_quot, whose codes are those of __fdiv_rn's quotient;
+ * a row's kind of scale is chosen once, each kind its own code), two codes per
+ * cvt.rn.satfinite.e4m3x2.f32 on sm_89 and later (the same codes as lmk_f8e4m3_from_f32_bits,
  * the host's rounding, on every f32 input: test_f8), a pair holding a NaN through
  * lmk_f8e4m3_from_f32_bits unscaled so that its sign survives, VE codes per store. Paths with and
  * without a norm and with and without an f8 cache are separate code, chosen once per row.
@@ -62,9 +64,10 @@
  * the blocks that fit on the GPU at once, each taking the plan's blocks b, b + grid, ... with the
  * units of the next one already on their way into shared memory (cp.async) while it computes the
  * current one, its tables double-buffered, the weights, each thread's task and the angle factors
- * formed once (StreamRec, PairTab: a CUDA block keeps its group of rows); without an f8 cache its
- * tables are also formed one block ahead (docs/cuda_notes.md, attn_prologue version 4: prompts
- * take 14-25% less time than with one CUDA block each, 13-17% less with an f8 cache).
+ * formed once (StreamRec, PairTab: a CUDA block keeps its group of rows); without an f8 cache,
+ * or with f8 caches of power-of-two scales, its tables are also formed one block ahead
+ * (docs/cuda_notes.md, attn_prologue versions 4 and 8: prompts take 14-25% less time than with one
+ * CUDA block each, 13-17% less with an f8 cache).
  *
  * Launches use programmatic dependent launch where the device allows it (lmk_cuda_device.pdl,
  * kernel_common.cuh): a launch may start while the previous kernel of the stream finishes, and
@@ -120,8 +123,9 @@ struct Tensor {
 struct Cache {
     Tensor t;
     uint64_t rows;
-    float scale, inv; /* inv = 1 / scale, exact when pow2 */
+    float scale, inv; /* inv = 1 / scale rounded (exact when pow2) */
     int f8, pow2;
+    int fast;         /* scale in [2^-64, 2^64]: f8_quot's range */
 };
 
 /* The items of a row kind (q and k rows share one; v rows have their own), offsets in elements. */
@@ -193,42 +197,76 @@ static_assert(sizeof(ApParams) <= 4000, "kernel parameters must stay under the 4
  * f8 (stored = f8(x / scale)). */
 struct Dst {
     unsigned char *out, *cache; /* nullptr: not written */
-    bool f8;                    /* the cache row is f8 */
+    int f8;                     /* the cache row is f8: its kF8 mode, else 0 */
     int ci;                     /* the cache: 0 k, 1 v (its scale in ApParams.cache) */
 };
 
-/* lmk.h: stored = lmk_f32_to_f8e4m3(x / scale). A NaN goes in unscaled: GPU arithmetic returns the
- * canonical (positive) NaN, the host's keeps the operand's sign. */
-__device__ __forceinline__ float f8_scaled(float x, const Cache &c)
+/* How a row's f8 codes form x / scale (Dst.f8, set from the cache once per row: each mode is its
+ * own code, so an f8 row carries no branch on the scale):
+ *   kF8Exact: scale a power of two with a normal reciprocal: x * (1 / scale) is the same real
+ *     number as x / scale, rounded once, so the same bits;
+ *   kF8Divide: any other scale, by f8_quot where scale is in [2^-64, 2^64] (Cache.fast), else by
+ *     __fdiv_rn out of line (no model has such a scale). */
+constexpr int kF8Exact = 1, kF8Divide = 2;
+
+__device__ __noinline__ float f8_div_slow(float x, float s)
 {
-    return c.pow2 ? x * c.inv : __fdiv_rn(x, c.scale);
+    return __fdiv_rn(x, s);
 }
 
-__device__ __forceinline__ uint32_t f8_code(float x, const Cache &c)
+/* x / scale rounded to f32 as __fdiv_rn rounds it, wherever the f8 code depends on it: from q0 =
+ * x * r (r = 1 / scale rounded, from the host; q0 within 2 ulps of the quotient) two corrections
+ * q + r * (x - q * scale), the remainder exact by fma; the first leaves a faithful quotient, the
+ * second the correctly rounded one (Markstein's theorem, r within half an ulp of 1 / scale). With
+ * scale in [2^-64, 2^64] no value underflows or overflows while |x / scale| is in [2^-12, 2^10],
+ * outside which every f32 near the quotient has the same code (0 or the saturated 448): there the
+ * result keeps q0 (|q0| >= 1024, infinities included) and x's sign (a quotient that underflows).
+ * Checked against x / scale on every f32 x for 11 scales (0 of 2^32 codes differ, and no f32
+ * quotient in [2^-12, 2^9]; docs/cuda_notes.md) and by test_f8 on the GPU. */
+__device__ __forceinline__ float f8_quot(float x, const Cache &c)
 {
-    return lmk_f8e4m3_from_f32_bits(x != x ? __float_as_uint(x) : __float_as_uint(f8_scaled(x, c)));
+    const float q0 = __fmul_rn(x, c.inv);
+    const float q1 = fmaf(fmaf(-q0, c.scale, x), c.inv, q0);
+    const float q2 = fmaf(fmaf(-q1, c.scale, x), c.inv, q1);
+    return copysignf(fabsf(q0) < 1024.0f ? q2 : q0, x);
+}
+
+/* x / scale for mode M (a nonzero kF8 mode). */
+template <int M> __device__ __forceinline__ float f8_scaled(float x, const Cache &c)
+{
+    if constexpr (M == kF8Exact)
+        return x * c.inv;
+    else
+        return c.fast ? f8_quot(x, c) : f8_div_slow(x, c.scale);
+}
+
+/* lmk.h: stored = lmk_f32_to_f8e4m3(x / scale). A NaN goes in unscaled: GPU arithmetic returns the
+ * canonical (positive) NaN, the host's keeps the operand's sign. */
+template <int M> __device__ __forceinline__ uint32_t f8_code(float x, const Cache &c)
+{
+    return lmk_f8e4m3_from_f32_bits(x != x ? __float_as_uint(x) : __float_as_uint(f8_scaled<M>(x, c)));
 }
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 890
 /* The codes of x0 (low byte) and x1 (next byte) by lmk_f8e4m3_from_f32_bits, out of line: f8_pair's
  * path for a pair holding a NaN. */
-__device__ __noinline__ uint32_t f8_pair_soft(float x0, float x1, const Cache &c)
+template <int M> __device__ __noinline__ uint32_t f8_pair_soft(float x0, float x1, const Cache &c)
 {
-    return f8_code(x0, c) | (f8_code(x1, c) << 8);
+    return f8_code<M>(x0, c) | (f8_code<M>(x1, c) << 8);
 }
 #endif
 
 /* The codes of x0 (low byte) and x1: one hardware conversion on sm_89 and later, exact except for
  * a NaN, whose code has no sign there (callers rebuild a pair that held one with f8_pair); the
  * integer code before sm_89. */
-__device__ __forceinline__ uint32_t f8_pair_fast(float x0, float x1, const Cache &c)
+template <int M> __device__ __forceinline__ uint32_t f8_pair_fast(float x0, float x1, const Cache &c)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     unsigned short r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(f8_scaled(x1, c)), "f"(f8_scaled(x0, c)));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(f8_scaled<M>(x1, c)), "f"(f8_scaled<M>(x0, c)));
     return r;
 #else
-    return f8_code(x0, c) | (f8_code(x1, c) << 8);
+    return f8_code<M>(x0, c) | (f8_code<M>(x1, c) << 8);
 #endif
 }
 
@@ -237,12 +275,12 @@ __device__ __forceinline__ uint32_t f8_pair_fast(float x0, float x1, const Cache
  * its NaN is unsigned, so a pair holding a NaN takes the integer code. test_f8 compares the cache
  * write with lmk_f32_to_f8e4m3 on every f32 input (under LMK_TEST_QUICK, on the exponent fields
  * where the codes change, zeros and subnormals, infinities and NaNs). */
-__device__ __forceinline__ uint32_t f8_pair(float x0, float x1, const Cache &c)
+template <int M> __device__ __forceinline__ uint32_t f8_pair(float x0, float x1, const Cache &c)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    return x0 == x0 && x1 == x1 ? f8_pair_fast(x0, x1, c) : f8_pair_soft(x0, x1, c);
+    return x0 == x0 && x1 == x1 ? f8_pair_fast<M>(x0, x1, c) : f8_pair_soft<M>(x0, x1, c);
 #else
-    return f8_pair_fast(x0, x1, c); /* the integer code, which keeps a NaN's sign */
+    return f8_pair_fast<M>(x0, x1, c); /* the integer code, which keeps a NaN's sign */
 #endif
 }
 
@@ -257,14 +295,14 @@ template <int DT, int VE> struct Acc {
 
 /* Whether a unit built without EXACT must be built again: it held a NaN, and a 2-byte output or an
  * f8 code went through a hardware conversion (whose NaN has no sign). */
-template <int DT, int VE, bool F8> __device__ __forceinline__ bool redo(const Acc<DT, VE> &o)
+template <int DT, int VE, int F8> __device__ __forceinline__ bool redo(const Acc<DT, VE> &o)
 {
     return (Elem<DT>::size == 2 || F8) && VE > 1 && o.nan;
 }
 
 /* Puts values x0, x1 at elements e, e + 1 (e even; x1 ignored when VE == 1). F8: the row's cache is
  * f8 (the caller branches once per row, so the common path carries no f8 code). */
-template <int DT, int VE, bool F8, bool EXACT>
+template <int DT, int VE, int F8, bool EXACT>
 __device__ __forceinline__ void acc2(const ApParams &p, const Dst &d, Acc<DT, VE> &o, int e, float x0, float x1)
 {
     if constexpr (Elem<DT>::size == 4) {
@@ -282,20 +320,20 @@ __device__ __forceinline__ void acc2(const ApParams &p, const Dst &d, Acc<DT, VE
     if constexpr (F8) {
         const Cache &c = p.cache[d.ci];
         if constexpr (VE == 1) {
-            o.q.w[0] = f8_pair(x0, x0, c) & 0xffu;
+            o.q.w[0] = f8_pair<F8>(x0, x0, c) & 0xffu;
         } else {
             /* without EXACT the pair's NaN test is the one above (2-byte types) or here (f32), and
              * a NaN rebuilds the unit with EXACT, where f8_pair takes the integer code */
             if constexpr (Elem<DT>::size == 4 && !EXACT)
                 o.nan = o.nan || !(x0 == x0 && x1 == x1);
-            const uint32_t q = (EXACT ? f8_pair(x0, x1, c) : f8_pair_fast(x0, x1, c)) << (8 * (e & 3));
+            const uint32_t q = (EXACT ? f8_pair<F8>(x0, x1, c) : f8_pair_fast<F8>(x0, x1, c)) << (8 * (e & 3));
             o.q.w[e >> 2] = (e & 3) ? o.q.w[e >> 2] | q : q; /* e even: both codes in one word */
         }
     }
 }
 
 /* Stores an output unit at element off of the row's destinations. */
-template <int DT, int VE, bool F8> __device__ __forceinline__ void put(const Dst &d, uint32_t off, const Acc<DT, VE> &o)
+template <int DT, int VE, int F8> __device__ __forceinline__ void put(const Dst &d, uint32_t off, const Acc<DT, VE> &o)
 {
     constexpr int ES = Elem<DT>::size;
     if (d.out)
@@ -309,20 +347,20 @@ template <int DT, int VE, bool F8> __device__ __forceinline__ void put(const Dst
 }
 
 /* The f8 codes of a raw unit holding a NaN (out of line, as the other EXACT rebuilds below). */
-template <int DT, int VE>
+template <int DT, int VE, int F8>
 __device__ __noinline__ Acc<DT, VE> raw_codes_exact(const ApParams &p, const Dst d, const Raw<VE * Elem<DT>::size> r)
 {
     Acc<DT, VE> o{};
 #pragma unroll
     for (int e = 0; e < VE; e += 2)
-        acc2<DT, VE, true, true>(p, d, o, e, elem<DT, VE>(r, e),
+        acc2<DT, VE, F8, true>(p, d, o, e, elem<DT, VE>(r, e),
                                  VE > 1 ? elem<DT, VE>(r, e + 1 < VE ? e + 1 : e) : 0.0f);
     return o;
 }
 
 /* The same for a unit copied without a norm: the input's own words (bit-exact), or f8 codes of its
  * values. */
-template <int DT, int VE, bool F8>
+template <int DT, int VE, int F8>
 __device__ __forceinline__ void put_raw(const ApParams &p, const Dst &d, uint32_t off, const Raw<VE * Elem<DT>::size> &r)
 {
     constexpr int ES = Elem<DT>::size;
@@ -333,10 +371,10 @@ __device__ __forceinline__ void put_raw(const ApParams &p, const Dst &d, uint32_
             Acc<DT, VE> o{};
 #pragma unroll
             for (int e = 0; e < VE; e += 2) /* only the f8 codes are used */
-                acc2<DT, VE, true, false>(p, d, o, e, elem<DT, VE>(r, e),
+                acc2<DT, VE, F8, false>(p, d, o, e, elem<DT, VE>(r, e),
                                           VE > 1 ? elem<DT, VE>(r, e + 1 < VE ? e + 1 : e) : 0.0f);
-            if (redo<DT, VE, true>(o))
-                o = raw_codes_exact<DT, VE>(p, d, r);
+            if (redo<DT, VE, F8>(o))
+                o = raw_codes_exact<DT, VE, F8>(p, d, r);
             store<VE>(d.cache + off, o.q);
         }
     } else if (d.cache) {
@@ -541,7 +579,7 @@ __device__ __forceinline__ float2 normed2(const Raw<VE * Elem<DT>::size> &r, int
 
 /* The outputs of a half-split pair item: a holds the a halves of VE pairs at element off, b their b
  * halves at off + pstride; table entries item * VE on. */
-template <int DT, int VE, bool F8, bool W, bool EXACT>
+template <int DT, int VE, int F8, bool W, bool EXACT>
 __device__ __forceinline__ void rotate_half(const ApParams &p, const Dst &d, const float *w, float rn,
                                             const float2 *cs, uint32_t item, uint32_t off,
                                             const Raw<VE * Elem<DT>::size> &a, const Raw<VE * Elem<DT>::size> &b,
@@ -564,7 +602,7 @@ __device__ __forceinline__ void rotate_half(const ApParams &p, const Dst &d, con
 }
 
 /* The outputs of an interleaved pair item: a holds VE/2 whole pairs; table entries item * VE/2 on. */
-template <int DT, int VE, bool F8, bool W, bool EXACT>
+template <int DT, int VE, int F8, bool W, bool EXACT>
 __device__ __forceinline__ void rotate_il(const ApParams &p, const Dst &d, const float *w, float rn, const float2 *cs,
                                           uint32_t item, uint32_t off, const Raw<VE * Elem<DT>::size> &a,
                                           Acc<DT, VE> &o)
@@ -583,7 +621,7 @@ template <int DT, int VE> struct AccPair {
     Acc<DT, VE> a, b;
 };
 
-template <int DT, int VE, bool F8, bool W>
+template <int DT, int VE, int F8, bool W>
 __device__ __noinline__ Acc<DT, VE> rotate_il_exact(const ApParams &p, const Dst d, const float *w, float rn,
                                                     const float2 *cs, uint32_t item, uint32_t off,
                                                     const Raw<VE * Elem<DT>::size> a)
@@ -593,7 +631,7 @@ __device__ __noinline__ Acc<DT, VE> rotate_il_exact(const ApParams &p, const Dst
     return o;
 }
 
-template <int DT, int VE, bool F8, bool W>
+template <int DT, int VE, int F8, bool W>
 __device__ __noinline__ AccPair<DT, VE> rotate_half_exact(const ApParams &p, const Dst d, const float *w, float rn,
                                                           const float2 *cs, uint32_t item, uint32_t off,
                                                           const Raw<VE * Elem<DT>::size> a,
@@ -605,7 +643,7 @@ __device__ __noinline__ AccPair<DT, VE> rotate_half_exact(const ApParams &p, con
 }
 
 /* A pair item (element off = item * ustep): rotates and stores. */
-template <int DT, int VE, bool F8, bool W>
+template <int DT, int VE, int F8, bool W>
 __device__ __forceinline__ void emit_pair(const ApParams &p, const Dst &d, const float *w, float rn, const float2 *cs,
                                           uint32_t item, const Raw<VE * Elem<DT>::size> &a,
                                           const Raw<VE * Elem<DT>::size> &b)
@@ -632,7 +670,7 @@ __device__ __forceinline__ void emit_pair(const ApParams &p, const Dst &d, const
 }
 
 /* One copied unit at element off, normed. */
-template <int DT, int VE, bool F8, bool EXACT>
+template <int DT, int VE, int F8, bool EXACT>
 __device__ __forceinline__ void norm_unit(const ApParams &p, const Dst &d, const float *w, float rn, uint32_t off,
                                           const Raw<VE * Elem<DT>::size> &a, Acc<DT, VE> &o)
 {
@@ -643,7 +681,7 @@ __device__ __forceinline__ void norm_unit(const ApParams &p, const Dst &d, const
     }
 }
 
-template <int DT, int VE, bool F8>
+template <int DT, int VE, int F8>
 __device__ __noinline__ Acc<DT, VE> norm_unit_exact(const ApParams &p, const Dst d, const float *w, float rn,
                                                     uint32_t off, const Raw<VE * Elem<DT>::size> a)
 {
@@ -652,7 +690,7 @@ __device__ __noinline__ Acc<DT, VE> norm_unit_exact(const ApParams &p, const Dst
     return o;
 }
 
-template <int DT, int VE, bool F8>
+template <int DT, int VE, int F8>
 __device__ __forceinline__ void emit_norm(const ApParams &p, const Dst &d, const float *w, float rn, uint32_t off,
                                           const Raw<VE * Elem<DT>::size> &a)
 {
@@ -664,7 +702,7 @@ __device__ __forceinline__ void emit_norm(const ApParams &p, const Dst &d, const
 }
 
 /* A copy item: units c and c + nch (the second only when c + nch < nc), normed (W), or raw. */
-template <int DT, int VE, bool F8, bool W>
+template <int DT, int VE, int F8, bool W>
 __device__ __forceinline__ void emit_copy(const ApParams &p, const Kind &g, const Dst &d, const float *w, float rn,
                                           uint32_t c, const Raw<VE * Elem<DT>::size> &a,
                                           const Raw<VE * Elem<DT>::size> &b)
@@ -687,7 +725,7 @@ __device__ __forceinline__ void emit_copy(const ApParams &p, const Kind &g, cons
 struct DstBase {
     unsigned char *out, *cache; /* nullptr: not written */
     uint64_t tok, rows;
-    bool f8;
+    int f8; /* Dst.f8 */
     int ci;
 };
 
@@ -696,7 +734,7 @@ __device__ __forceinline__ DstBase dst_base(const ApParams &p, int kind, uint64_
     const int ci = kind == 2 ? 1 : 0;
     const Cache &c = p.cache[ci];
     const Tensor &o = kind == 0 ? p.q_out : p.k_out;
-    DstBase b{nullptr, nullptr, c.t.tok, c.rows, c.f8 != 0, ci};
+    DstBase b{nullptr, nullptr, c.t.tok, c.rows, c.f8 ? (c.pow2 ? kF8Exact : kF8Divide) : 0, ci};
     if (kind != 2 && o.p)
         b.out = o.p + t * o.tok + (uint64_t)h * o.head;
     if (kind != 0 && c.t.p)
@@ -708,7 +746,7 @@ __device__ __forceinline__ DstBase dst_base(const ApParams &p, int kind, uint64_
  * negative or out-of-range slot writes no cache row. */
 __device__ __forceinline__ Dst dst_at(const DstBase &b, const int64_t *slot)
 {
-    Dst d{b.out, nullptr, false, b.ci};
+    Dst d{b.out, nullptr, 0, b.ci};
     if (b.cache) {
         const int64_t s = *slot;
         if (s >= 0 && (uint64_t)s < b.rows)
@@ -726,7 +764,7 @@ __device__ __forceinline__ Dst dst_of(const ApParams &p, const Shared &sh, int k
 
 /* The outputs of the items base + u*L (u < U) of a row. (A loop over u instead of U unrolled
  * copies cut the f8 cases by 3-12% and cost the bf16-cache prompts 1-1.5%: run 18.) */
-template <int DT, int VE, int U, bool F8, bool W>
+template <int DT, int VE, int U, int F8, bool W>
 __device__ __forceinline__ void emit_items(const ApParams &p, const Kind &g, const Dst &d, const float *w, float rn,
                                            const float2 *cs, uint32_t base, uint32_t L,
                                            const Raw<VE * Elem<DT>::size> (&a)[U], const Raw<VE * Elem<DT>::size> (&b)[U])
@@ -784,14 +822,18 @@ __device__ __forceinline__ void emit_row(const ApParams &p, const Shared &sh, co
         if (CHUNK && chunks > 1)
             load_items<Elem<DT>::size, VE, U>(p, g, in, base, L, a, b);
         /* one path per (f8 cache, norm): each carries only its own code */
-        if (F8 && d.f8 && norm)
-            emit_items<DT, VE, U, true, true>(p, g, d, w, rn, cs, base, L, a, b);
+        if (F8 && d.f8 == kF8Exact && norm)
+            emit_items<DT, VE, U, kF8Exact, true>(p, g, d, w, rn, cs, base, L, a, b);
+        else if (F8 && d.f8 == kF8Exact)
+            emit_items<DT, VE, U, kF8Exact, false>(p, g, d, w, rn, cs, base, L, a, b);
+        else if (F8 && d.f8 && norm)
+            emit_items<DT, VE, U, kF8Divide, true>(p, g, d, w, rn, cs, base, L, a, b);
         else if (F8 && d.f8)
-            emit_items<DT, VE, U, true, false>(p, g, d, w, rn, cs, base, L, a, b);
+            emit_items<DT, VE, U, kF8Divide, false>(p, g, d, w, rn, cs, base, L, a, b);
         else if (norm)
-            emit_items<DT, VE, U, false, true>(p, g, d, w, rn, cs, base, L, a, b);
+            emit_items<DT, VE, U, 0, true>(p, g, d, w, rn, cs, base, L, a, b);
         else
-            emit_items<DT, VE, U, false, false>(p, g, d, w, rn, cs, base, L, a, b);
+            emit_items<DT, VE, U, 0, false>(p, g, d, w, rn, cs, base, L, a, b);
     }
 }
 
@@ -1409,15 +1451,16 @@ __device__ __forceinline__ void stage_wait_older()
  *     and the block meets at its one barrier: no load and no angle runs between a barrier and the
  *     work behind it. Prompts with caches in the input dtype: 12-19% faster than !AHEAD.
  *   !AHEAD: the thread forms block i's tables, waits for block i's units, barrier, computes. Kept
- *     for f8 caches, whose longer arithmetic ran 4-15% slower in the AHEAD order (run 28).
+ *     for f8 caches that divide (kF8Divide), which ran 4% slower in the AHEAD order (run 58;
+ *     power-of-two scales 11-16% faster in it).
  * The tables are double-buffered (iteration i writes one block's tables while slower warps may
  * still read the other's; the readers of the one it overwrites are past the previous barrier); the
  * staged units and words and the records are thread-private; the weights and the PairTab are
  * filled once. Per row the work is prologue_kernel's: the same sums, the same outputs, the same
- * bits. AHEAD runs only without an f8 cache (plan_launch), so its rows are compiled without the
+ * bits. F8: the call has an f8 cache (plan_launch); without one the rows are compiled without the
  * f8 paths (bf16: 4,104 SASS instructions instead of 12,696; docs/cuda_notes.md, attn_prologue
  * version 6). */
-template <int DT, int VE, int U, bool AHEAD>
+template <int DT, int VE, int U, bool AHEAD, bool F8>
 __global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __grid_constant__ ApParams p)
 {
     static_assert(VE * Elem<DT>::size == 16, "the staging copies are 16 bytes");
@@ -1494,7 +1537,7 @@ __global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __gr
         }
         ss = team_sum(ss, L);
         if (live) /* the input row is read only by chunks, which this kernel has not */
-            emit_row<DT, VE, U, false, !AHEAD>(p, sh, rec_dst(p, rec, kind, bk.t0 + tl, sh.slot + tl), tl, kind,
+            emit_row<DT, VE, U, false, F8>(p, sh, rec_dst(p, rec, kind, bk.t0 + tl, sh.slot + tl), tl, kind,
                                                nullptr, norm, rsqrtf(fmaf(ss, p.inv_d, p.eps)), lane, L, a, b);
         if (!more)
             break;
@@ -1518,7 +1561,8 @@ struct LaunchPlan {
     size_t smem;
     bool pdl;    /* programmatic stream serialization (lmk_cuda_device.pdl; kernel_common.cuh) */
     bool stream; /* prologue_stream_kernel, on at most the blocks that fit the GPU at once */
-    bool ahead;  /* its AHEAD order (no f8 cache) */
+    bool ahead;  /* its AHEAD order (no f8 cache, or f8 caches of power-of-two scales) */
+    bool f8;     /* the call has an f8 cache */
     bool decode; /* prologue_decode_kernel (plan_team) */
     int sm_count;
 };
@@ -1528,8 +1572,9 @@ cudaError_t launch(const ApParams &p, const LaunchPlan &L, cudaStream_t st)
 {
     if constexpr (VE * Elem<DT>::size == 16 && !CHUNK) {
         if (L.stream) {
-            void (*const k)(ApParams) =
-                L.ahead ? prologue_stream_kernel<DT, VE, U, true> : prologue_stream_kernel<DT, VE, U, false>;
+            void (*const k)(ApParams) = !L.f8   ? prologue_stream_kernel<DT, VE, U, true, false>
+                                        : L.ahead ? prologue_stream_kernel<DT, VE, U, true, true>
+                                                  : prologue_stream_kernel<DT, VE, U, false, true>;
             int per_sm = 0;
             const cudaError_t e =
                 cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, (int)L.threads.x, L.smem);
@@ -1592,8 +1637,9 @@ cudaError_t launch_dtype(lmk_dtype dt, uint32_t ve, bool chunk, const ApParams &
 template <int DT> void preload_dtype(cudaError_t *first)
 {
     constexpr int V16 = 16 / Elem<DT>::size, U1 = kItems<Elem<DT>::size>;
-    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, true>, 0, first);
-    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, false>, 0, first);
+    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, true, false>, 0, first);
+    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, true, true>, 0, first);
+    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, false, true>, 0, first);
     lmk_cuda_preload(prologue_decode_kernel<DT, V16, false>, 0, first);
     lmk_cuda_preload(prologue_decode_kernel<DT, V16, true>, 0, first);
     if constexpr (V16 != kDecodeF8Elems)
@@ -1808,6 +1854,7 @@ Cache cache_of(const lmk_rows &r, uint64_t rows, float scale)
     /* x * inv rounds exactly as x / scale when scale is a power of two with a normal reciprocal. */
     int ex;
     c.pow2 = frexpf(scale, &ex) == 0.5f && isnormal(scale) && isnormal(c.inv);
+    c.fast = scale >= 0x1p-64f && scale <= 0x1p64f;
     return c;
 }
 
@@ -1902,12 +1949,14 @@ void plan_launch(ApParams *p, int sm_count, bool units16, LaunchPlan *L)
     pl.slot_at = (uint32_t)(cs_bytes + w_bytes);
     L->smem = (size_t)(cs_bytes + w_bytes + (p->slots ? tile * sizeof(int64_t) : 0));
     L->stream = L->ahead = false;
+    L->f8 = p->cache[0].f8 || p->cache[1].f8;
     L->sm_count = sm_count;
     /* Prefill with 16-byte units: prologue_stream_kernel, its shared memory two (cos, sin) tables,
      * the weights, two slot tables, two staging areas of 2 * U 16-byte units a thread, 16 bytes
      * a thread for its staged position and slot, its StreamRec and the PairTab. Past 48 KB
      * (head_dim near 1024 with a full rope) the blocks stay prologue_kernel's (allowing them 64
-     * KB changed no bench time, run 51). The AHEAD order without an f8 cache (run 28). */
+     * KB changed no bench time, run 51). The AHEAD order without an f8 cache (run 28) and with f8
+     * caches of power-of-two scales (run 58). */
     if (!spread && units16) { /* (spread whenever L->decode) */
         const uint64_t slot_bytes = p->slots ? ceil_div(tile * sizeof(int64_t), 16) * 16 : 0;
         const uint64_t stage_bytes = 2ull * kItems<16> * L->threads.x * 16;
@@ -1917,7 +1966,7 @@ void plan_launch(ApParams *p, int sm_count, bool units16, LaunchPlan *L)
                                rec_bytes + pair_bytes;
         if (total <= 48 * 1024) {
             L->stream = true;
-            L->ahead = !p->cache[0].f8 && !p->cache[1].f8;
+            L->ahead = (!p->cache[0].f8 || p->cache[0].pow2) && (!p->cache[1].f8 || p->cache[1].pow2);
             pl.cs2_at = (uint32_t)(cs_bytes / sizeof(float2));
             pl.w_at = (uint32_t)(2 * cs_bytes / sizeof(float));
             pl.slot_at = (uint32_t)(2 * cs_bytes + w_bytes);
