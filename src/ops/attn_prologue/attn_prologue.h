@@ -46,6 +46,11 @@ lmk_status lmk_attn_prologue_prepare(const lmk_device *dev, const lmk_attn_prolo
                                      const lmk_rope_params *rope, const lmk_rms_norm_params *norm,
                                      lmk_attn_prologue_args *out);
 
+/* 1 / scale when x * (1 / scale) rounds as x / scale for every x, else 0: scale a power of two
+ * whose inverse is a normal f32 (scale in [2^-127, 2^126]). Both backends' f8 cache writes multiply
+ * by it instead of dividing. scale is finite and positive (a resolved k_scale or v_scale). */
+float lmk_attn_prologue_exact_inverse(float scale);
+
 /* The float64 chain for one token of every head, the executable spec: q_row64 gets n_heads rows of
  * head_dim (rope(norm(q))), k_row64 n_k_heads rows (rope(norm(k))). Reads inputs through their
  * strides (host memory). */

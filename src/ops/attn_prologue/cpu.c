@@ -44,7 +44,6 @@
 #include "ops/rope/rope_common.h"
 #include "ops/rope/rope_cpu.h"
 
-#include <float.h>
 #include <math.h>
 
 #define CHUNK 128
@@ -56,7 +55,7 @@ typedef struct row_dest {
     lmk_dtype dt;
     float scale;       /* f8 caches: stored = lmk_f32_to_f8e4m3(x / scale), lmk.h's formula */
     int nt;            /* streaming stores (the row is whole cache lines, 64-byte aligned) */
-    float inv;         /* f8: 1 / scale when exact (exact_inverse), else 0; the row path's vector
+    float inv;         /* f8: 1 / scale when exact (lmk_attn_prologue_exact_inverse), else 0; the row path's vector
                         * narrowing then multiplies instead of dividing, with the same bits */
 } row_dest;
 
@@ -97,7 +96,7 @@ typedef struct ap_job {
     bool direct_ok;               /* a vector level and pairs and gaps of whole vectors: builds
                                    * may store straight to a row's only destination (TO_DEST) */
     int nt_q, nt_k, nt_kc, nt_vc; /* q_out, k_out, k cache, v cache */
-    float k_inv, v_inv;           /* exact_inverse of k_scale and v_scale */
+    float k_inv, v_inv;           /* lmk_attn_prologue_exact_inverse of k_scale and v_scale */
 } ap_job;
 
 LMK_INLINE float ld(lmk_dtype dt, const void *p, size_t i)
@@ -440,7 +439,7 @@ LMK_INLINE bool sum_ok(double ss)
 }
 
 /* How a vector narrowing forms x / scale for an f8 destination: not at all for other dtypes and
- * for scale 1 (x / 1 is x); x * (1 / scale) when that inverse is exact (exact_inverse: the two
+ * for scale 1 (x / 1 is x); x * (1 / scale) when that inverse is exact (lmk_attn_prologue_exact_inverse: the two
  * are then the same real number, rounded once, so the bits are x / scale's); else the division.
  * With the bench's scales (1/16 for k, 1/8 for v) the divides had cost the f8-cache calls at
  * T = 4106 3-6% of their time (Qwen3-8B and Qwen3.5, 1 and 2 threads, docs/cpu_notes.md). */
@@ -1244,15 +1243,6 @@ static void prologue_task(void *ctx, int tid, int n_threads)
         lmk_cpu_stream_fence();
 }
 
-/* 1 / s when it is exact, else 0: s a power of two whose inverse is a normal f32 (s in [2^-126,
- * 2^126]). The product of two f32 values is exact in double, so it is 1 exactly when inv is 1/s
- * exactly. Cache scales are finite and positive (op.c). */
-static float exact_inverse(float s)
-{
-    const float inv = 1.0f / s;
-    return isfinite(inv) && inv >= FLT_MIN && (double)inv * (double)s == 1.0 ? inv : 0.0f;
-}
-
 /* Streaming stores for a destination tensor: a vector level, a large op, an output that is not
  * its own input (in place the lines are already cached), and rows of whole cache lines; each row
  * must also start on a line (nt_at). */
@@ -1270,8 +1260,8 @@ lmk_status lmk_cpu_attn_prologue(lmk_stream *s, const void *args)
     const size_t kces = a->k_cache.data ? lmk_dtype_size(a->k_cache.dtype) : 0;
     const size_t vces = a->v_cache.data ? lmk_dtype_size(a->v_cache.dtype) : 0;
     const size_t out_bytes = T * (hq * d * es + (a->rope.t[1].out ? hk * d * es : 0) + hk * d * kces + hk * dv * vces);
-    ap_job jb = {.a = a, .isa = lmk_cpu_stream_isa(s), .es = es, .k_ces = kces, .k_inv = exact_inverse(a->k_scale),
-                 .v_inv = exact_inverse(a->v_scale)};
+    ap_job jb = {.a = a, .isa = lmk_cpu_stream_isa(s), .es = es, .k_ces = kces, .k_inv = lmk_attn_prologue_exact_inverse(a->k_scale),
+                 .v_inv = lmk_attn_prologue_exact_inverse(a->v_scale)};
     if (a->rope.angle.n_pairs <= CHUNK && d <= FAST_DIM) { /* the row path */
         const size_t n = a->rope.angle.n_pairs, st = a->rope.pair_stride;
         jb.direct_ok = jb.isa != LMK_CPU_SCALAR && d % 16 == 0 &&

@@ -41,7 +41,8 @@
  * cvt.rn.satfinite.e4m3x2.f32 on sm_89 and later (the same codes as lmk_f8e4m3_from_f32_bits,
  * the host's rounding, on every f32 input: test_f8), a pair holding a NaN through
  * lmk_f8e4m3_from_f32_bits unscaled so that its sign survives, VE codes per store. Paths with and
- * without a norm and with and without an f8 cache are separate code, chosen once per row.
+ * without a norm, without an f8 cache and with each kind of f8 scale are separate code, chosen
+ * once per row.
  *
  * Blocks. A block takes a tile of tokens and a group of rows of each (q rows, then k, then v), one
  * row per team (plan_launch). Each lane first issues the loads of its items; then the block fills
@@ -821,7 +822,7 @@ __device__ __forceinline__ void emit_row(const ApParams &p, const Shared &sh, co
         const uint32_t base = lane + c * L * U;
         if (CHUNK && chunks > 1)
             load_items<Elem<DT>::size, VE, U>(p, g, in, base, L, a, b);
-        /* one path per (f8 cache, norm): each carries only its own code */
+        /* one path per (kind of f8 scale or none, norm): each carries only its own code */
         if (F8 && d.f8 == kF8Exact && norm)
             emit_items<DT, VE, U, kF8Exact, true>(p, g, d, w, rn, cs, base, L, a, b);
         else if (F8 && d.f8 == kF8Exact)
@@ -1850,10 +1851,8 @@ Cache cache_of(const lmk_rows &r, uint64_t rows, float scale)
     c.rows = rows;
     c.f8 = r.dtype == LMK_F8E4M3;
     c.scale = scale;
-    c.inv = 1.0f / scale;
-    /* x * inv rounds exactly as x / scale when scale is a power of two with a normal reciprocal. */
-    int ex;
-    c.pow2 = frexpf(scale, &ex) == 0.5f && isnormal(scale) && isnormal(c.inv);
+    c.inv = 1.0f / scale; /* f8_quot's r; exact when pow2 */
+    c.pow2 = lmk_attn_prologue_exact_inverse(scale) != 0.0f;
     c.fast = scale >= 0x1p-64f && scale <= 0x1p64f;
     return c;
 }

@@ -9,6 +9,7 @@
 #include "core/internal.h"
 #include "ops/attn_prologue/attn_prologue.h"
 
+#include <float.h>
 #include <math.h>
 
 static const char k_op[] = "attn_prologue";
@@ -190,6 +191,14 @@ static lmk_attn_prologue_args make_args(const lmk_attn_prologue_io *io, const lm
     if (!io->k_out)
         a.rope.t[1].out = NULL;
     return a;
+}
+
+/* The product of two f32 values is exact in double, so it is 1 exactly when inv is 1 / scale
+ * exactly, which only a power of two has. */
+float lmk_attn_prologue_exact_inverse(float scale)
+{
+    const float inv = 1.0f / scale;
+    return isfinite(inv) && inv >= FLT_MIN && (double)inv * (double)scale == 1.0 ? inv : 0.0f;
 }
 
 lmk_status lmk_attn_prologue_prepare(const lmk_device *dev, const lmk_attn_prologue_io *io,
