@@ -162,7 +162,9 @@ typedef struct lmk_stream lmk_stream;
  * waits for it to complete before it touches memory, so results and ordering are unchanged; the
  * environment variable LMK_CUDA_PDL=0, read here, turns it off for the device. On the same GPUs
  * some prefill launches use the bulk copies of sm_90 (lmk_rope: docs/cuda_notes.md); LMK_CUDA_BULK=0,
- * also read here, gives those launches the kernels older GPUs run, with the same results.
+ * also read here, gives those launches the kernels older GPUs run, with the same results, and
+ * LMK_CUDA_TMAP=0 keeps only the bulk copies that need no tensor map (strided and in-place rope
+ * prompts then take the other kernels), with the same results too.
  * Errors: INVALID_ARGUMENT (unknown backend, negative ordinal, out NULL); UNSUPPORTED (CUDA asked
  * for in a build without CUDA); NOT_FOUND (no such ordinal, or no usable GPU); DEVICE (the driver
  * failed); OUT_OF_MEMORY. */

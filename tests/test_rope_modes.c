@@ -997,16 +997,18 @@ static void test_models(tst_dev *d)
     printf("  [%s] model shapes: %d cases, %d failed\n", d->name, g_fig.cases - cases, g_fig.failed - before);
 }
 
-/* Long dense prompts on a GPU, in the launches sm_90 and later give the bulk kernel (docs/cuda_notes.md,
- * rope version 13: out of place with rope_dim < head_dim and adjacent heads). On an H200 (132 SMs,
+/* Long prompts on a GPU, in the launches sm_90 and later give the bulk kernel (docs/cuda_notes.md,
+ * rope versions 13 and 14: out of place with rope_dim < head_dim). On an H200 (132 SMs,
  * 228 KB of shared memory an SM, 3 blocks an SM) each case reaches a different part of it: Qwen3.5-27B
  * q and k in bf16 (a token a tile, 5 stages: the ring wraps, stages refilled two tiles back), in f16
  * with i64 positions and random freq_factors, with YaRN's ramp and m (the 1M-context mapping); q
  * alone in f32 (24 KB a token: 3 stages, refilled one tile back); GPT-J's interleaved pairs (4
  * stages); and 4 heads of q alone in bf16 at 12001 tokens (8 tokens a tile: several tiles a block
- * and a short last tile). Each call is also run on the same GPU opened with LMK_CUDA_BULK=0 (the
- * other prefill kernels), which must give the same bits; tests/cuda_h200.sh also runs this whole
- * program with LMK_CUDA_BULK=0. */
+ * and a short last tile). The strided ones take bulk tensor copies (a tensor map per side, version
+ * 14): q read out of q|gate and written into another (both sides), in f32 alone, with YaRN and i64
+ * positions, and 4 heads at 12001 tokens (a short last tile: its box passes the tensor's end). Each
+ * call is also run on the same GPU opened with LMK_CUDA_BULK=0 (the other prefill kernels), which
+ * must give the same bits; tests/cuda_h200.sh also runs this whole program with LMK_CUDA_BULK=0. */
 static void test_long_prompts(tst_dev *d)
 {
     static const struct {
@@ -1014,10 +1016,14 @@ static void test_long_prompts(tst_dev *d)
         lmk_dtype dt;
         uint32_t T, q_heads; /* q_heads 0: the model's; with k */
         bool i64_ff, q_alone;
+        int lay;
     } lp[] = {
-        {2, LMK_BF16, 2711, 0, false, false}, {2, LMK_F16, 2711, 0, true, false}, {3, LMK_BF16, 2711, 0, false, false},
-        {2, LMK_F32, 2711, 0, false, true},   {5, LMK_BF16, 2711, 0, false, false}, {5, LMK_F16, 2711, 0, true, false},
-        {2, LMK_BF16, 12001, 4, false, true},
+        {2, LMK_BF16, 2711, 0, false, false, LAY_DENSE},  {2, LMK_F16, 2711, 0, true, false, LAY_DENSE},
+        {3, LMK_BF16, 2711, 0, false, false, LAY_DENSE},  {2, LMK_F32, 2711, 0, false, true, LAY_DENSE},
+        {5, LMK_BF16, 2711, 0, false, false, LAY_DENSE},  {5, LMK_F16, 2711, 0, true, false, LAY_DENSE},
+        {2, LMK_BF16, 12001, 4, false, true, LAY_DENSE},  {2, LMK_BF16, 2711, 0, false, false, LAY_QGATE},
+        {2, LMK_F32, 2711, 0, false, true, LAY_QGATE},    {3, LMK_F16, 2711, 0, true, false, LAY_QGATE},
+        {2, LMK_BF16, 12001, 4, false, true, LAY_QGATE},
     };
     if (d->backend != LMK_BACKEND_CUDA)
         return;
@@ -1044,7 +1050,7 @@ static void test_long_prompts(tst_dev *d)
     float ff[MAX_PAIRS];
     tst_rng r = tst_rng_make(tst_case_seed());
     for (int i = 0; i < (int)(sizeof lp / sizeof lp[0]); i++) {
-        rcase c = model_case(&k_models[lp[i].model], lp[i].T, lp[i].dt, LAY_DENSE, ff, tst_rng_u64(&r));
+        rcase c = model_case(&k_models[lp[i].model], lp[i].T, lp[i].dt, lp[i].lay, ff, tst_rng_u64(&r));
         if (lp[i].q_heads)
             c.p.n_heads = lp[i].q_heads;
         if (lp[i].i64_ff)
@@ -1056,7 +1062,7 @@ static void test_long_prompts(tst_dev *d)
     g_other_kernels = NULL;
     lmk_stream_destroy(other.stream);
     lmk_device_close(other.dev);
-    printf("  [%s] long dense prompts: %d cases, %d failed\n", d->name, g_fig.cases - cases, g_fig.failed - before);
+    printf("  [%s] long prompts: %d cases, %d failed\n", d->name, g_fig.cases - cases, g_fig.failed - before);
 }
 
 /* ------------------------------------------------------------------------------------------------

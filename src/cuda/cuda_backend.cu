@@ -68,6 +68,20 @@ static bool env_off(const char *name)
     return env && !strcmp(env, "0");
 }
 
+/* The driver's cuTensorMapEncodeTiled (CUDA 12.0's interface), which the bulk tensor copies' maps
+ * are made with, through the runtime: lmk links no driver library. NULL where the driver lacks it. */
+static void *tensor_map_encoder(void)
+{
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return fn;
+}
+
 static lmk_status cuda_device_open(lmk_device *dev, int ordinal)
 {
     int n = 0;
@@ -128,6 +142,7 @@ static lmk_status cuda_device_open(lmk_device *dev, int ordinal)
     const bool sm90 = sm90_code(prop.major);
     d->pdl = sm90 && !env_off("LMK_CUDA_PDL");
     d->bulk = sm90 && !env_off("LMK_CUDA_BULK");
+    d->tmap_encode = d->bulk && !env_off("LMK_CUDA_TMAP") ? tensor_map_encoder() : NULL;
     d->smem_sm = (int)prop.sharedMemPerMultiprocessor;
     d->smem_optin = (int)prop.sharedMemPerBlockOptin;
     d->smem_reserved = (int)prop.reservedSharedMemPerBlock;

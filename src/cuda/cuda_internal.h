@@ -17,6 +17,8 @@ typedef struct lmk_cuda_device {
     int sm_count;          /* sizes the grids: grid-stride kernels launch a few blocks per SM */
     bool pdl;              /* launches use programmatic dependent launch (kernel_common.cuh) */
     bool bulk;             /* kernels may use the bulk copies of sm_90 (kernel_common.cuh) */
+    void *tmap_encode;     /* the driver's cuTensorMapEncodeTiled where bulk tensor copies may be
+                              used (bulk, and the driver has it), else NULL */
     int smem_sm, smem_optin, smem_reserved; /* shared memory: per SM, the most a block may ask
                                             for, and what the GPU reserves per block (bytes) */
     cudaStream_t setup;    /* private non-blocking stream for alloc zeroing and host copies */

@@ -267,6 +267,29 @@ __device__ __forceinline__ void bulk_store(void *dst, const void *src, uint32_t 
                       : "memory");
 }
 
+/* Bulk tensor copies (sm_90 and later): one copy moves a box of a 3-D tensor described by a tensor
+ * map (the host's cuTensorMapEncodeTiled: dimension 0 contiguous, 1 and 2 at byte strides of their
+ * own), {x, y, z} its first element, packed in shared memory dimension 0 fastest (smem 128-byte
+ * aligned). The map is a kernel parameter (__grid_constant__), named by its generic address. A
+ * load delivers the whole box, zeros where it passes the tensor's end, and completes on bar with
+ * the box's bytes; a store writes only the elements inside the tensor, in this thread's current
+ * bulk group. */
+__device__ __forceinline__ void tensor_load3(void *dst, const void *map, int x, int y, int z, uint64_t *bar)
+{
+    LMK_CUDA_BULK_PTX("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                      " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(smem_addr(dst)),
+                      "l"(map), "r"(x), "r"(y), "r"(z), "r"(smem_addr(bar))
+                      : "memory");
+}
+
+__device__ __forceinline__ void tensor_store3(const void *map, int x, int y, int z, const void *src)
+{
+    LMK_CUDA_BULK_PTX("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"(
+                          map),
+                      "r"(x), "r"(y), "r"(z), "r"(smem_addr(src))
+                      : "memory");
+}
+
 /* Closes this thread's current bulk group. */
 __device__ __forceinline__ void bulk_commit()
 {

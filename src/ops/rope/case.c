@@ -163,6 +163,8 @@ static const row k_rows[] = {
     {{ROPE, .p = {LLAMA31, .seq_len = 5}, .ff = FF_LLAMA3, .pos_dtype = LMK_I64}, D(LMK_BF16), TST_CASE_CONTRACT,
      "Llama-3.1-8B"},
     {{ROPE, .p = {LLAMA31, .seq_len = 4106}, .ff = FF_LLAMA3}, D(LMK_BF16), TST_CASE_FULL, "Llama-3.1-8B prompt"},
+    {{ROPE, .p = {LLAMA31, .seq_len = 37}, .ff = FF_LLAMA3, .layout = QKV}, D(LMK_F32) | D(LMK_BF16), 0,
+     "Llama-3.1-8B"},
     {{ROPE, .p = {QWEN3, .seq_len = 37}}, D(LMK_F32) | D(LMK_BF16), 0, "Qwen3-8B"},
     {{ROPE, .p = {QWEN3, .seq_len = 37}, .layout = QKV}, D3, 0, "Qwen3-8B"},
     {{ROPE, .p = {QWEN3, .seq_len = 1}, .layout = QKV, .pos = POS_LARGE}, D(LMK_BF16), 0, "Qwen3-8B decode"},
@@ -421,12 +423,16 @@ static int rope_bench_cases(uint32_t T, lmk_dtype dtype, bool longest, tst_case 
         /* in place at the longest prompt, in the model's own dtype */
         {MULTI, .p = {QWEN35, .n_heads = 24, .n_k_heads = 4, .seq_len = T}, .dtype = dtype, .in_place = true},
         {ROPE, .p = {LLAMA31, .seq_len = T}, .dtype = dtype, .ff = FF_LLAMA3},
+        /* the layouts an engine holds: q read out of the [q | gate] projection (k dense), and q
+         * and k rotated in place inside the packed QKV */
+        {ROPE, .p = {QWEN35, .n_heads = 24, .n_k_heads = 4, .seq_len = T}, .dtype = dtype, .layout = QGATE},
+        {ROPE, .p = {LLAMA31, .seq_len = T}, .dtype = dtype, .ff = FF_LLAMA3, .layout = QKV, .in_place = true},
     };
     static const char *const models[] = {"Qwen3.5/3.6-27B Q", "Qwen3.5/3.6-27B K", "Qwen3.5/3.6-27B",
-                                         "Qwen3.5/3.6-27B", "Llama-3.1-8B"};
+                                         "Qwen3.5/3.6-27B", "Llama-3.1-8B", "Qwen3.5/3.6-27B", "Llama-3.1-8B"};
     int n = 0;
-    for (int i = 0; i < 5 && n < max; i++) {
-        if (cases[i].in_place && !(longest && dtype == LMK_BF16))
+    for (int i = 0; i < 7 && n < max; i++) {
+        if (cases[i].in_place && cases[i].layout == DENSE && !(longest && dtype == LMK_BF16))
             continue;
         rope_case rc = cases[i];
         rc.pos_dtype = LMK_I32;

@@ -44,10 +44,12 @@
  * Four kernels, all reading the (cos, sin) of a block's (token, pair) angles from a shared-memory
  * table that the block computes once for all its rows of q and k (docs/cuda_notes.md has the
  * measurements behind each choice):
- *   rope_bulk_kernel (sm_90 and later, prefill with copy items whose tensors' heads are adjacent:
- *     Qwen3.5's dense q and k, version 13): tiles of whole rows stream through a ring of stages
- *     in shared memory by bulk copies (kernel_common.cuh), are rotated there and stored back by
- *     bulk copies; no thread holds data in flight. plan_bulk.
+ *   rope_bulk_kernel (sm_90 and later, prefill with copy items: Qwen3.5's q and k, dense (version
+ *     13) or q inside q|gate or a packed QKV (version 14)): tiles of whole rows stream through a
+ *     ring of stages in shared memory by bulk copies (kernel_common.cuh), are rotated there and
+ *     stored back by bulk copies; a tensor whose heads are not adjacent moves a tile in one bulk
+ *     tensor copy (a tensor map per side, made on the host). No thread holds data in flight.
+ *     plan_bulk.
  *   rope_rows_kernel (the other prefill launches with copy items, version 11): a thread keeps one
  *     (row, unit) for several tokens, so a token costs it one 64-bit multiply-add of the token stride, and no
  *     division runs per item (v10 spent two run-time divisions and four 64-bit products per item,
@@ -68,8 +70,8 @@
  * On sm_90 and later all launch with programmatic dependent launch (kernel_common.cuh: pdl_enter,
  * lmk_cuda_device.pdl): a launch may start while the previous kernel of the stream finishes and
  * waits for it before its first memory access (run 10: decode 2.1 -> 1.4 us per call in a graph).
- * Everything a launch needs travels by value in RopeParams (no allocation, no copy, no sync): a
- * call can be captured into a CUDA graph. lmk_cuda_rope plans in named steps: plan_units (VE and
+ * Everything a launch needs travels by value in RopeParams (the bulk kernel's in BulkParams, with
+ * its tensor maps; no allocation, no copy, no sync): a call can be captured into a CUDA graph. lmk_cuda_rope plans in named steps: plan_units (VE and
  * layout), plan_geometry (rows, strides, untouched ranges), then per slice of pairs plan_slice,
  * plan_angles (the angle constants), and plan_decode, plan_bulk, plan_rows or plan_pairs (the launch
  * shape).
@@ -85,6 +87,8 @@
 #include "ops/rope/rope.h"
 #include "ops/rope/rope_common.h"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -203,14 +207,19 @@ struct PairsPlan {
  * out of place (its untouched elements travel with the row, bit-exact), only the rotated span of
  * one in place (its first rope_dim elements; plan_bulk admits only layouts where those are all the
  * rotated ones). Each bulk copy moves one row, one token's rows (`mode` 1: the heads are adjacent)
- * or the whole tile's (2: tokens adjacent too), per tensor and direction (ld_mode, st_mode). Shared
- * memory: a barrier per stage for its rows and one for its positions (kBulkMaxStages of each), two
- * (cos, sin) tables of tile * half from cs0, then per stage its rows (stage_b bytes from stage0)
- * and the positions of its angles (8 bytes each from pos0). */
+ * or the whole tile's (2: tokens adjacent too), per tensor and direction (ld_mode, st_mode); mode
+ * 3 moves the tile's rows of a tensor whose heads are not adjacent (q inside q|gate or a packed
+ * QKV, a rotated span in place) in one bulk tensor copy, through the tensor map
+ * BulkParams.tm[2 * j + out]. Shared memory: a barrier per stage for its rows and one for its
+ * positions (kBulkMaxStages of each), two (cos, sin) tables of tile * half from cs0, then per
+ * stage its rows (stage_b bytes from stage0, each tensor's from a 128-byte boundary) and the
+ * positions of its angles (8 bytes each from pos0). */
 struct BulkPlan {
     uint64_t seq, tiles;
     uint32_t tile, stages, n_pos;    /* n_pos: threads with an angle (they arrive on every stage) */
     uint32_t span_b[2], region_b[2], tok_b; /* tok_b: one token's bytes in a stage, both tensors */
+    uint32_t box_tok_b;              /* of tok_b, the bytes loaded in mode 3: a tensor copy fills its
+                                        whole box, the tokens past the tensor's end with zeros */
     uint32_t ld_mode[2], st_mode[2];
     uint32_t cs0, stage0, stage_b, pos0;
 };
@@ -223,7 +232,31 @@ struct RopeParams {
     PairsPlan pp;
     BulkPlan bp;
 };
-static_assert(sizeof(RopeParams) <= 4000, "kernel parameters must stay under the 4 KB limit");
+/* RopeParams and the tensor maps of BulkPlan's mode 3 (plan_tensor_map): the parameters of
+ * rope_bulk_kernel's instance for plans with mode 3. Every other launch goes without them: 512
+ * bytes more parameters cost a launch ~0.1 us in a graph (runs 61-62). */
+struct BulkParams {
+    CUtensorMap tm[4];
+    RopeParams r;
+};
+static_assert(sizeof(BulkParams) <= 4000, "kernel parameters must stay under the 4 KB limit");
+
+__host__ __device__ __forceinline__ const RopeParams &rope_of(const RopeParams &p)
+{
+    return p;
+}
+__host__ __device__ __forceinline__ const RopeParams &rope_of(const BulkParams &p)
+{
+    return p.r;
+}
+template <typename P> constexpr bool kMaps = false; /* P holds tensor maps */
+template <> constexpr bool kMaps<BulkParams> = true;
+
+/* Whether a bulk plan moves some side in mode 3 (its launch then takes BulkParams). */
+inline bool uses_maps(const BulkPlan &bp)
+{
+    return bp.ld_mode[0] == 3 || bp.st_mode[0] == 3 || bp.ld_mode[1] == 3 || bp.st_mode[1] == 3;
+}
 
 /* How a launch is shaped. */
 enum KernelKind { K_DECODE, K_ROWS, K_PAIRS, K_BULK };
@@ -687,18 +720,33 @@ __device__ __forceinline__ BulkSide bulk_side(const Geom &g, const BulkPlan &bp,
 }
 
 /* Warp 0 fills stage st with the tile of tokens [t0, t0 + tt) (lane 0 first adds the tile's bytes
- * to the phase of bar, then every lane issues its copies), or, with out, stores the stage's rows
- * into the outputs in this lane's current bulk group. */
-__device__ __forceinline__ void bulk_tile(const Geom &g, const BulkPlan &bp, uint64_t t0, uint32_t tt, unsigned char *st,
-                                          uint64_t *bar, bool out, uint32_t lane)
+ * to the phase of bar, then every lane issues its copies; lane j a mode-3 tensor's one), or, with
+ * out, stores the stage's rows into the outputs in this lane's current bulk group. */
+template <typename P>
+__device__ __forceinline__ void bulk_tile(const P &prm, uint64_t t0, uint32_t tt, unsigned char *st, uint64_t *bar,
+                                          bool out, uint32_t lane)
 {
+    const Geom &g = rope_of(prm).g;
+    const BulkPlan &bp = rope_of(prm).bp;
     if (!out) {
         if (lane == 0)
-            mbar_arrive_bytes(bar, tt * bp.tok_b);
+            mbar_arrive_bytes(bar, kMaps<P> ? tt * bp.tok_b + (bp.tile - tt) * bp.box_tok_b : tt * bp.tok_b);
         __syncwarp();
     }
     for (int j = 0; j < 2; j++) {
         const BulkSide sd = bulk_side(g, bp, j, out);
+        if constexpr (kMaps<P>) {
+            if (sd.mode == 3) {
+                if (lane == (uint32_t)j && sd.nh) {
+                    const CUtensorMap *map = &prm.tm[2 * j + out];
+                    if (out)
+                        tensor_store3(map, 0, 0, (int)t0, st + bp.region_b[j]);
+                    else
+                        tensor_load3(st + bp.region_b[j], map, 0, 0, (int)t0, bar);
+                }
+                continue;
+            }
+        }
         const uint32_t n = bulk_ops(sd.mode, sd.nh, tt), span = bp.span_b[j];
         for (uint32_t k = lane; k < n; k += 32) {
             const BulkOp o = bulk_op(sd.mode, k, sd.nh, span, tt);
@@ -776,10 +824,11 @@ __device__ __forceinline__ Raw<16> lds16(const unsigned char *p)
  * least one iteration before its angles are formed. The registers hold no data in flight, so every
  * stage but the one being rotated can be on its way. Every element is rotated by rotate_store
  * from angle_finish's (cos, sin), as in the other kernels: the same bits. */
-template <int DT, bool IL>
-__global__ void __launch_bounds__(kBulkThreads, kBulkCtas) rope_bulk_kernel(const __grid_constant__ RopeParams p)
+template <int DT, bool IL, typename P>
+__global__ void __launch_bounds__(kBulkThreads, kBulkCtas) rope_bulk_kernel(const __grid_constant__ P prm)
 {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    const RopeParams &p = rope_of(prm);
     constexpr int VE = 16 / Elem<DT>::size;
     constexpr uint32_t PPU = IL ? VE / 2 : VE;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -828,7 +877,7 @@ __global__ void __launch_bounds__(kBulkThreads, kBulkCtas) rope_bulk_kernel(cons
         const uint64_t t0 = (blockIdx.x + it * step) * bp.tile;
         const uint32_t tt = (uint32_t)min((uint64_t)bp.tile, bp.seq - t0), s = it % S;
         if (tid < 32)
-            bulk_tile(g, bp, t0, tt, smem + bp.stage0 + s * bp.stage_b, bars + s, false, lane);
+            bulk_tile(prm, t0, tt, smem + bp.stage0 + s * bp.stage_b, bars + s, false, lane);
         if (ba.n)
             bulk_positions(a, ba, t0, tt, smem + bp.pos0 + s * pos_b, bars + kBulkMaxStages + s);
     };
@@ -871,7 +920,7 @@ __global__ void __launch_bounds__(kBulkThreads, kBulkCtas) rope_bulk_kernel(cons
         fence_async_shared();
         __syncthreads();
         if (tid < 32) {
-            bulk_tile(g, bp, t0, tt, st, nullptr, true, lane);
+            bulk_tile(prm, t0, tt, st, nullptr, true, lane);
             bulk_commit();
         }
         const uint32_t lag = S >= 4 ? 2 : 1;
@@ -895,18 +944,20 @@ __global__ void __launch_bounds__(kBulkThreads, kBulkCtas) rope_bulk_kernel(cons
  * Launch: the instantiation for a dtype, unit width and layout.
  * ------------------------------------------------------------------------------------------- */
 
-cudaError_t start(void (*kernel)(RopeParams), const RopeParams &p, const LaunchPlan &L, cudaStream_t st)
+template <typename P> cudaError_t start(void (*kernel)(P), const P &p, const LaunchPlan &L, cudaStream_t st)
 {
     return lmk_cuda_start(kernel, p, L.blocks, L.threads, L.smem, st, L.pdl);
 }
 
 template <int DT, int VE, bool IL>
-cudaError_t launch(const RopeParams &p, const LaunchPlan &L, cudaStream_t st)
+cudaError_t launch(const BulkParams &P, const LaunchPlan &L, cudaStream_t st)
 {
+    const RopeParams &p = P.r;
     const bool copy = p.g.nc > 0;
     if (L.kind == K_BULK) {
         if constexpr (VE * Elem<DT>::size == 16)
-            return start(rope_bulk_kernel<DT, IL>, p, L, st);
+            return uses_maps(p.bp) ? start(rope_bulk_kernel<DT, IL, BulkParams>, P, L, st)
+                                   : start(rope_bulk_kernel<DT, IL, RopeParams>, p, L, st);
         return cudaErrorInvalidValue; /* plan_bulk takes 16-byte units only */
     }
     if (L.kind == K_DECODE)
@@ -915,7 +966,7 @@ cudaError_t launch(const RopeParams &p, const LaunchPlan &L, cudaStream_t st)
 }
 
 /* IL exists only for units of two or more elements (plan_units never asks for it otherwise). */
-template <int DT, int VE> cudaError_t launch_layout(bool il, const RopeParams &p, const LaunchPlan &L, cudaStream_t st)
+template <int DT, int VE> cudaError_t launch_layout(bool il, const BulkParams &p, const LaunchPlan &L, cudaStream_t st)
 {
     if constexpr (VE >= 2) {
         if (il)
@@ -924,7 +975,7 @@ template <int DT, int VE> cudaError_t launch_layout(bool il, const RopeParams &p
     return launch<DT, VE, false>(p, L, st);
 }
 
-template <int DT> cudaError_t launch_ve(uint32_t ve, bool il, const RopeParams &p, const LaunchPlan &L, cudaStream_t st)
+template <int DT> cudaError_t launch_ve(uint32_t ve, bool il, const BulkParams &p, const LaunchPlan &L, cudaStream_t st)
 {
     if constexpr (Elem<DT>::size == 2) {
         if (ve == 8)
@@ -935,7 +986,7 @@ template <int DT> cudaError_t launch_ve(uint32_t ve, bool il, const RopeParams &
                    : launch_layout<DT, 1>(il, p, L, st);
 }
 
-cudaError_t launch_dtype(lmk_dtype dt, uint32_t ve, bool il, const RopeParams &p, const LaunchPlan &L, cudaStream_t st)
+cudaError_t launch_dtype(lmk_dtype dt, uint32_t ve, bool il, const BulkParams &p, const LaunchPlan &L, cudaStream_t st)
 {
     switch (dt) {
     case LMK_F32:
@@ -971,8 +1022,10 @@ template <int DT> void preload_dtype(int optin, cudaError_t *first)
     preload_ve<DT, 4>(first);
     preload_ve<DT, 2>(first);
     preload_ve<DT, 1>(first);
-    lmk_cuda_preload(rope_bulk_kernel<DT, false>, (size_t)optin, first);
-    lmk_cuda_preload(rope_bulk_kernel<DT, true>, (size_t)optin, first);
+    lmk_cuda_preload(rope_bulk_kernel<DT, false, RopeParams>, (size_t)optin, first);
+    lmk_cuda_preload(rope_bulk_kernel<DT, true, RopeParams>, (size_t)optin, first);
+    lmk_cuda_preload(rope_bulk_kernel<DT, false, BulkParams>, (size_t)optin, first);
+    lmk_cuda_preload(rope_bulk_kernel<DT, true, BulkParams>, (size_t)optin, first);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1228,19 +1281,50 @@ uint32_t bulk_mode(uint32_t nh, uint32_t span, uint64_t head_b, uint64_t tok_b, 
     return seq == 1 || tok_b == (uint64_t)nh * span ? 2 : 1;
 }
 
+/* The tensor map of one side of tensor j for BulkPlan's mode 3: its rows of a tile, [tile][nh][span]
+ * elements (es bytes, moved as raw integers: bit-exact) at byte strides head_b and tok_b from base.
+ * False where a bulk tensor copy cannot take it (box sides over 256, tokens past int32
+ * coordinates, strides not multiples of 16 or past 2^40, no encoder): the other modes then. */
+bool plan_tensor_map(const lmk_cuda_device *d, CUtensorMap *m, const void *base, uint32_t es, uint32_t span_b,
+                     uint32_t nh, uint64_t head_b, uint64_t tok_b, uint64_t seq, uint32_t tile)
+{
+    const uint32_t n0 = span_b / es;
+    if (!d->tmap_encode || n0 > 256 || nh > 256 || tile > 256 || seq > INT32_MAX || (uintptr_t)base % 16)
+        return false;
+    if (nh == 1) /* a stride of a dimension of one is never applied: any valid one */
+        head_b = span_b;
+    if (seq == 1)
+        tok_b = (uint64_t)nh * head_b;
+    if (head_b % 16 || tok_b % 16 || head_b >> 40 || tok_b >> 40)
+        return false;
+    const cuuint64_t dim[3] = {n0, nh, seq}, stride[2] = {head_b, tok_b};
+    const cuuint32_t box[3] = {n0, nh, tile}, step[3] = {1, 1, 1};
+    /* L2 fills no wider than a row's span, so rows far apart fetch no bytes between them. */
+    const CUtensorMapL2promotion l2 = span_b >= 256   ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+                                      : span_b >= 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                                      : CU_TENSOR_MAP_L2_PROMOTION_NONE;
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = (PFN_cuTensorMapEncodeTiled_v12000)d->tmap_encode;
+    return encode(m, es == 4 ? CU_TENSOR_MAP_DATA_TYPE_UINT32 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 3,
+                  const_cast<void *>(base), dim, stride, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_NONE, l2, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 /* The plan of rope_bulk_kernel, when it applies: the device has bulk copies (lmk_cuda_device.bulk),
  * the launch has copy items (a tensor out of place with rope_dim < head_dim: Qwen3.5's q and k;
  * the others keep rope_pairs_kernel, which ran Llama's full rope 8-22% faster, runs 40-42), 16-byte
  * units, one slice (rope_dim <= 2 * kSlicePairs), every tensor in place has its rotated elements in
  * one span at the start of its rows (rope_dim/2 pairing or interleaved, where rope_dim elements are
- * exactly the rotated ones), and no copy would be under kBulkMinCopy bytes (a copy per row where a
- * tensor's heads are not adjacent: q inside q|gate or a packed QKV keeps rope_rows_kernel). The
- * tile is about kBulkTileBytes of rows (at most kBulkAngles angles a thread), halved until at least
- * kBulkMinStages stages fit the block's shared memory (1/kBulkCtas of an SM's); none fitting (rows
- * of over ~24 KB a token) keeps the other kernels. */
-bool plan_bulk(const lmk_rope_args *a, const Geom &g, uint32_t nb, const lmk_cuda_device *d, BulkPlan *bp,
+ * exactly the rotated ones), and no copy would be under kBulkMinCopy bytes. Where a tensor's heads
+ * are not adjacent (q inside q|gate or a packed QKV) its rows would be a copy each; a bulk tensor
+ * copy of the tile takes them instead (mode 3, plan_tensor_map), else the launch keeps
+ * rope_rows_kernel. The tile is about kBulkTileBytes of rows (at most kBulkAngles angles a thread,
+ * 256 tokens with mode 3), halved until at least kBulkMinStages stages fit the block's shared
+ * memory (1/kBulkCtas of an SM's); none fitting (rows of over ~24 KB a token) keeps the other
+ * kernels. */
+bool plan_bulk(const lmk_rope_args *a, const Geom &g, uint32_t nb, const lmk_cuda_device *d, BulkParams *bk,
                LaunchPlan *L)
 {
+    BulkPlan *bp = &bk->r.bp;
     const uint32_t es = a->dtype == LMK_F32 ? 4 : 2;
     if (!d->bulk || g.nc == 0 || nb != 16 || g.pair_b != 0 || 2 * g.half != a->rope_dim)
         return false;
@@ -1262,15 +1346,21 @@ bool plan_bulk(const lmk_rope_args *a, const Geom &g, uint32_t nb, const lmk_cud
     bp->st_mode[0] = bulk_mode(g.nh0, bp->span_b[0], g.out_head0, g.out_tok0, a->seq_len);
     bp->ld_mode[1] = bulk_mode(nh1, bp->span_b[1], g.in_head1, g.in_tok1, a->seq_len);
     bp->st_mode[1] = bulk_mode(nh1, bp->span_b[1], g.out_head1, g.out_tok1, a->seq_len);
+    uint32_t *modes[4] = {&bp->ld_mode[0], &bp->st_mode[0], &bp->ld_mode[1], &bp->st_mode[1]};
+    bool tensor = false;
+    for (int m = 0; m < 4; m++)
+        if (*modes[m] == 0 && d->tmap_encode)
+            *modes[m] = 3, tensor = true;
     uint64_t tile = kBulkTileBytes / bp->tok_b;
     const uint64_t tile_angles = (uint64_t)kBulkThreads * kBulkAngles / g.half;
     tile = tile < 1 ? 1 : tile > tile_angles ? tile_angles : tile;
     tile = tile > a->seq_len ? a->seq_len : tile;
-    const uint32_t nh[2] = {g.nh0, nh1}, modes[4] = {bp->ld_mode[0], bp->st_mode[0], bp->ld_mode[1], bp->st_mode[1]};
+    tile = tensor && tile > 256 ? 256 : tile;
+    const uint32_t nh[2] = {g.nh0, nh1};
     for (int m = 0; m < 4; m++) {
-        const uint32_t j = m / 2;
-        const uint64_t bytes = (modes[m] == 0 ? 1 : modes[m] == 1 ? nh[j] : tile * nh[j]) * (uint64_t)bp->span_b[j];
-        if (nh[j] && bytes < kBulkMinCopy)
+        const uint32_t j = m / 2, mode = *modes[m];
+        const uint64_t bytes = (mode == 0 ? 1 : mode == 1 ? nh[j] : tile * nh[j]) * (uint64_t)bp->span_b[j];
+        if (nh[j] && bytes < kBulkMinCopy && mode != 3)
             return false;
     }
     const uint64_t avail64 = (uint64_t)d->smem_sm / kBulkCtas - d->smem_reserved;
@@ -1278,12 +1368,14 @@ bool plan_bulk(const lmk_rope_args *a, const Geom &g, uint32_t nb, const lmk_cud
     for (;; tile /= 2) {
         const uint64_t cs0 = 2 * kBulkMaxStages * sizeof(uint64_t);
         const uint64_t stage0 = (cs0 + 2 * tile * g.half * sizeof(float2) + 127) & ~(uint64_t)127;
-        const uint64_t stage_b = (tile * bp->tok_b + 127) & ~(uint64_t)127, pos_b = tile * g.half * 8;
+        const uint64_t region1 = (tile * g.nh0 * bp->span_b[0] + 127) & ~(uint64_t)127;
+        const uint64_t stage_b = (region1 + tile * nh1 * bp->span_b[1] + 127) & ~(uint64_t)127;
+        const uint64_t pos_b = tile * g.half * 8;
         uint64_t stages = avail > stage0 ? (avail - stage0) / (stage_b + pos_b) : 0;
         if (stages >= kBulkMinStages) {
             stages = stages > kBulkMaxStages ? kBulkMaxStages : stages;
             bp->tile = (uint32_t)tile, bp->stages = (uint32_t)stages;
-            bp->region_b[0] = 0, bp->region_b[1] = (uint32_t)(tile * g.nh0 * bp->span_b[0]);
+            bp->region_b[0] = 0, bp->region_b[1] = (uint32_t)region1;
             bp->cs0 = (uint32_t)cs0, bp->stage0 = (uint32_t)stage0, bp->stage_b = (uint32_t)stage_b;
             bp->pos0 = (uint32_t)(stage0 + stages * stage_b);
             L->smem = (size_t)(bp->pos0 + stages * pos_b);
@@ -1291,6 +1383,20 @@ bool plan_bulk(const lmk_rope_args *a, const Geom &g, uint32_t nb, const lmk_cud
         }
         if (tile == 1)
             return false;
+    }
+    bp->box_tok_b = 0;
+    for (int m = 0; m < 4; m++) {
+        const uint32_t j = m / 2;
+        const bool out = m % 2;
+        if (*modes[m] != 3 || nh[j] == 0)
+            continue;
+        const void *base = out ? (j ? g.out1 : g.out0) : (j ? g.in1 : g.in0);
+        const uint64_t head_b = out ? (j ? g.out_head1 : g.out_head0) : (j ? g.in_head1 : g.in_head0);
+        const uint64_t tok_b = out ? (j ? g.out_tok1 : g.out_tok0) : (j ? g.in_tok1 : g.in_tok0);
+        if (!plan_tensor_map(d, &bk->tm[m], base, es, bp->span_b[j], nh[j], head_b, tok_b, a->seq_len, bp->tile))
+            return false;
+        if (!out)
+            bp->box_tok_b += nh[j] * bp->span_b[j];
     }
     bp->seq = a->seq_len;
     bp->tiles = ceil_div(a->seq_len, bp->tile);
@@ -1315,7 +1421,8 @@ lmk_status lmk_cuda_rope(lmk_stream *s, const void *args)
         return st;
     bool il;
     const uint32_t ve = plan_units(a, &il), ppu = il ? ve / 2 : ve, half = a->rope_dim / 2;
-    RopeParams p{};
+    BulkParams P{};
+    RopeParams &p = P.r;
     uint32_t nc_row;
     st = plan_geometry(a, ve, il, &p.g, &nc_row);
     for (uint32_t p0 = 0; st == LMK_OK && p0 < half; p0 += kSlicePairs) {
@@ -1325,14 +1432,14 @@ lmk_status lmk_cuda_rope(lmk_stream *s, const void *args)
         LaunchPlan L;
         if (plan_decode(p.g, a->seq_len, d->sm_count, &L))
             ;
-        else if (plan_bulk(a, p.g, ve * (a->dtype == LMK_F32 ? 4 : 2), d, &p.bp, &L))
+        else if (plan_bulk(a, p.g, ve * (a->dtype == LMK_F32 ? 4 : 2), d, &P, &L))
             ;
         else if (p.g.nc > 0)
             plan_rows(p.g, a->seq_len, &p.rp, &L);
         else
             plan_pairs(p.g, a->seq_len, d->sm_count, &p.pp, &L);
         L.pdl = d->pdl;
-        const cudaError_t e = launch_dtype(a->dtype, ve, il, p, L, lmk_cuda_stream_of(s));
+        const cudaError_t e = launch_dtype(a->dtype, ve, il, P, L, lmk_cuda_stream_of(s));
         if (e != cudaSuccess)
             st = lmk_cuda_fail(e, "rope: kernel launch");
     }
