@@ -241,14 +241,6 @@ struct BulkParams {
 };
 static_assert(sizeof(BulkParams) <= 4000, "kernel parameters must stay under the 4 KB limit");
 
-__host__ __device__ __forceinline__ const RopeParams &rope_of(const RopeParams &p)
-{
-    return p;
-}
-__host__ __device__ __forceinline__ const RopeParams &rope_of(const BulkParams &p)
-{
-    return p.r;
-}
 template <typename P> constexpr bool kMaps = false; /* P holds tensor maps */
 template <> constexpr bool kMaps<BulkParams> = true;
 
@@ -681,6 +673,16 @@ __global__ void __launch_bounds__(kDecMaxItems) rope_decode_kernel(const __grid_
 /* The helpers and the kernel's body exist for sm_90 and later (and the host pass); code for older
  * GPUs has an empty kernel, which the host never launches (plan_bulk). */
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+
+/* The RopeParams of either kind of the bulk kernel's parameters. */
+__device__ __forceinline__ const RopeParams &rope_of(const RopeParams &p)
+{
+    return p;
+}
+__device__ __forceinline__ const RopeParams &rope_of(const BulkParams &p)
+{
+    return p.r;
+}
 
 /* Bulk copy k of a tile's copies of one tensor in one direction (BulkPlan.ld_mode, st_mode): its
  * first token of the tile and head, and its bytes; bulk_ops: how many a tile has. */
