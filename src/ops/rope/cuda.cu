@@ -1316,10 +1316,10 @@ bool plan_tensor_map(const lmk_cuda_device *d, CUtensorMap *m, const void *base,
  * the others keep rope_pairs_kernel, which ran Llama's full rope 8-22% faster, runs 40-42), 16-byte
  * units, one slice (rope_dim <= 2 * kSlicePairs), every tensor in place has its rotated elements in
  * one span at the start of its rows (rope_dim/2 pairing or interleaved, where rope_dim elements are
- * exactly the rotated ones), and no copy would be under kBulkMinCopy bytes. Where a tensor's heads
- * are not adjacent (q inside q|gate or a packed QKV) its rows would be a copy each; a bulk tensor
- * copy of the tile takes them instead (mode 3, plan_tensor_map), else the launch keeps
- * rope_rows_kernel. The tile is about kBulkTileBytes of rows (at most kBulkAngles angles a thread,
+ * exactly the rotated ones), and no copy would be under kBulkMinCopy bytes. Where a tensor out of
+ * place has heads that are not adjacent (q inside q|gate or a packed QKV) its rows would be a copy
+ * each; a bulk tensor copy of the tile takes them instead (mode 3, plan_tensor_map), else the
+ * launch keeps rope_rows_kernel. The tile is about kBulkTileBytes of rows (at most kBulkAngles angles a thread,
  * 256 tokens with mode 3), halved until at least kBulkMinStages stages fit the block's shared
  * memory (1/kBulkCtas of an SM's); none fitting (rows of over ~24 KB a token) keeps the other
  * kernels. */
@@ -1349,9 +1349,11 @@ bool plan_bulk(const lmk_rope_args *a, const Geom &g, uint32_t nb, const lmk_cud
     bp->ld_mode[1] = bulk_mode(nh1, bp->span_b[1], g.in_head1, g.in_tok1, a->seq_len);
     bp->st_mode[1] = bulk_mode(nh1, bp->span_b[1], g.out_head1, g.out_tok1, a->seq_len);
     uint32_t *modes[4] = {&bp->ld_mode[0], &bp->st_mode[0], &bp->ld_mode[1], &bp->st_mode[1]};
+    /* Mode 3 for whole rows only: a tensor in place moves its rotated spans, and spans of 128
+     * bytes 512 apart ran slower through tensor copies than rope_pairs_kernel (run 61). */
     bool tensor = false;
     for (int m = 0; m < 4; m++)
-        if (*modes[m] == 0 && d->tmap_encode)
+        if (*modes[m] == 0 && d->tmap_encode && bp->span_b[m / 2] == row_b)
             *modes[m] = 3, tensor = true;
     uint64_t tile = kBulkTileBytes / bp->tok_b;
     const uint64_t tile_angles = (uint64_t)kBulkThreads * kBulkAngles / g.half;
