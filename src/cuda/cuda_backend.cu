@@ -69,13 +69,18 @@ static bool env_off(const char *name)
 }
 
 /* The driver's cuTensorMapEncodeTiled (CUDA 12.0's interface), which the bulk tensor copies' maps
- * are made with, through the runtime: lmk links no driver library. NULL where the driver lacks it. */
+ * are made with, through the runtime: lmk links no driver library. NULL where the driver lacks it.
+ * Runtimes before 12.5 have only the unversioned query (deprecated since). */
 static void *tensor_map_encoder(void)
 {
     void *fn = NULL;
     cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
+#if CUDART_VERSION >= 12050
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
+#else
+    const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &q);
+#endif
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
         (void)cudaGetLastError();
         return NULL;
     }

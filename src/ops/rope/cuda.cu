@@ -71,10 +71,10 @@
  * lmk_cuda_device.pdl): a launch may start while the previous kernel of the stream finishes and
  * waits for it before its first memory access (run 10: decode 2.1 -> 1.4 us per call in a graph).
  * Everything a launch needs travels by value in RopeParams (the bulk kernel's in BulkParams, with
- * its tensor maps; no allocation, no copy, no sync): a call can be captured into a CUDA graph. lmk_cuda_rope plans in named steps: plan_units (VE and
- * layout), plan_geometry (rows, strides, untouched ranges), then per slice of pairs plan_slice,
- * plan_angles (the angle constants), and plan_decode, plan_bulk, plan_rows or plan_pairs (the launch
- * shape).
+ * its tensor maps; no allocation, no copy, no sync): a call can be captured into a CUDA graph.
+ * lmk_cuda_rope plans in named steps: plan_units (VE and layout), plan_geometry (rows, strides,
+ * untouched ranges), then per slice of pairs plan_slice, plan_angles (the angle constants), and
+ * plan_decode, plan_bulk, plan_rows or plan_pairs (the launch shape).
  *
  * Precision (lmk.h: f32 within 1e-5 * max(1, m) of float64 for |x| <= 2 and |angle| <= 2^20): the
  * angle is pos * freq in float64 and reduced by k*pi/2 in float64 (exact to ~1e-16 for |theta| <=
@@ -1319,10 +1319,10 @@ bool plan_tensor_map(const lmk_cuda_device *d, CUtensorMap *m, const void *base,
  * exactly the rotated ones), and no copy would be under kBulkMinCopy bytes. Where a tensor out of
  * place has heads that are not adjacent (q inside q|gate or a packed QKV) its rows would be a copy
  * each; a bulk tensor copy of the tile takes them instead (mode 3, plan_tensor_map), else the
- * launch keeps rope_rows_kernel. The tile is about kBulkTileBytes of rows (at most kBulkAngles angles a thread,
- * 256 tokens with mode 3), halved until at least kBulkMinStages stages fit the block's shared
- * memory (1/kBulkCtas of an SM's); none fitting (rows of over ~24 KB a token) keeps the other
- * kernels. */
+ * launch keeps rope_rows_kernel. The tile is about kBulkTileBytes of rows (at most kBulkAngles
+ * angles a thread, 256 tokens with mode 3), halved until at least kBulkMinStages stages fit the
+ * block's shared memory (1/kBulkCtas of an SM's); none fitting (rows of over ~24 KB a token)
+ * keeps the other kernels. */
 bool plan_bulk(const lmk_rope_args *a, const Geom &g, uint32_t nb, const lmk_cuda_device *d, BulkParams *bk,
                LaunchPlan *L)
 {
