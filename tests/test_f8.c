@@ -93,18 +93,21 @@ static void check_around(float f)
         check_one(from_bits(b + (uint32_t)d));
 }
 
-/* ---- the CUDA cache write against lmk_f32_to_f8e4m3 ---- */
+/* ---- the cache write (CUDA's kernels, the CPU's row path) against lmk_f32_to_f8e4m3 ---- */
 
-enum { G_T = 16384, G_DV = 4096, G_D = 8 }; /* one call converts G_T * G_DV = 2^26 values */
+enum { G_T = 16384, G_DV = 4096, G_D = 8 }; /* one CUDA call converts G_T * G_DV = 2^26 values */
 
-typedef struct gpu_rig {
+typedef struct f8_rig {
     lmk_device *dev;
     lmk_stream *s;
     lmk_dtype dt;
+    size_t T;        /* tokens: one call converts T * G_DV values */
+    size_t D;        /* head_dim of q and k */
+    char name[16];   /* the device, for messages */
     lmk_buffer *q, *qo, *k, *kc, *v, *vc, *pos, *slots;
-} gpu_rig;
+} f8_rig;
 
-static void rig_free(gpu_rig *g)
+static void rig_free(f8_rig *g)
 {
     lmk_buffer *b[] = {g->q, g->qo, g->k, g->kc, g->v, g->vc, g->pos, g->slots};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
@@ -115,49 +118,54 @@ static void rig_free(gpu_rig *g)
         lmk_device_close(g->dev);
 }
 
-static lmk_status alloc3(gpu_rig *g, lmk_dtype dt, size_t a, size_t b, size_t c, lmk_buffer **out)
+static lmk_status alloc3(f8_rig *g, lmk_dtype dt, size_t a, size_t b, size_t c, lmk_buffer **out)
 {
     const size_t shape[3] = {a, b, c};
     return lmk_buffer_alloc(g->dev, a * b * c * lmk_dtype_size(dt), dt, shape, 3, out);
 }
 
-/* q, k: [G_T, 1, G_D] zeros (rotated, then ignored); v: [G_T, 1, G_DV] in dt; caches of G_T rows,
- * the v cache f8; slots 0..G_T-1. */
-static bool rig_open(gpu_rig *g, int ordinal, lmk_dtype dt)
+/* q, k: [T, 1, D] zeros (rotated, then ignored; D = G_D on a GPU, 128 on the CPU, whose row path,
+ * the one a model's rows take, wants rows of whole vectors); v: [T, 1, G_DV] in dt; caches of T
+ * rows, the v cache f8; slots 0..T-1. T <= G_T. */
+static bool rig_open(f8_rig *g, lmk_backend be, int ordinal, lmk_dtype dt, size_t T)
 {
     memset(g, 0, sizeof *g);
-    g->dt = dt;
-    const size_t es = lmk_dtype_size(dt), one[1] = {G_T};
-    bool ok = lmk_device_open(LMK_BACKEND_CUDA, ordinal, &g->dev) == LMK_OK &&
-              lmk_stream_create(g->dev, &g->s) == LMK_OK && alloc3(g, dt, G_T, 1, G_D, &g->q) == LMK_OK &&
-              alloc3(g, dt, G_T, 1, G_D, &g->qo) == LMK_OK && alloc3(g, dt, G_T, 1, G_D, &g->k) == LMK_OK &&
-              alloc3(g, dt, G_T, 1, G_D, &g->kc) == LMK_OK && alloc3(g, dt, G_T, 1, G_DV, &g->v) == LMK_OK &&
-              alloc3(g, LMK_F8E4M3, G_T, 1, G_DV, &g->vc) == LMK_OK &&
-              lmk_buffer_alloc(g->dev, G_T * 4, LMK_I32, one, 1, &g->pos) == LMK_OK &&
-              lmk_buffer_alloc(g->dev, G_T * 4, LMK_I32, one, 1, &g->slots) == LMK_OK;
+    g->dt = dt, g->T = T, g->D = be == LMK_BACKEND_CPU ? 128 : G_D;
+    const size_t D = g->D;
+    if (be == LMK_BACKEND_CPU)
+        snprintf(g->name, sizeof g->name, "cpu");
+    else
+        snprintf(g->name, sizeof g->name, "cuda:%d", ordinal);
+    const size_t es = lmk_dtype_size(dt), one[1] = {T};
+    bool ok = lmk_device_open(be, ordinal, &g->dev) == LMK_OK && lmk_stream_create(g->dev, &g->s) == LMK_OK &&
+              alloc3(g, dt, T, 1, D, &g->q) == LMK_OK && alloc3(g, dt, T, 1, D, &g->qo) == LMK_OK &&
+              alloc3(g, dt, T, 1, D, &g->k) == LMK_OK && alloc3(g, dt, T, 1, D, &g->kc) == LMK_OK &&
+              alloc3(g, dt, T, 1, G_DV, &g->v) == LMK_OK && alloc3(g, LMK_F8E4M3, T, 1, G_DV, &g->vc) == LMK_OK &&
+              lmk_buffer_alloc(g->dev, T * 4, LMK_I32, one, 1, &g->pos) == LMK_OK &&
+              lmk_buffer_alloc(g->dev, T * 4, LMK_I32, one, 1, &g->slots) == LMK_OK;
     if (ok) {
-        int32_t *h = calloc(G_T, 4);
-        void *z = calloc(G_T * G_D, es);
-        ok = h && z && lmk_buffer_write(g->pos, 0, h, G_T * 4) == LMK_OK &&
-             lmk_buffer_write(g->q, 0, z, G_T * G_D * es) == LMK_OK &&
-             lmk_buffer_write(g->k, 0, z, G_T * G_D * es) == LMK_OK;
-        for (int i = 0; ok && i < G_T; i++)
-            h[i] = i;
-        ok = ok && lmk_buffer_write(g->slots, 0, h, G_T * 4) == LMK_OK;
+        int32_t *h = calloc(T, 4);
+        void *z = calloc(T * D, es);
+        ok = h && z && lmk_buffer_write(g->pos, 0, h, T * 4) == LMK_OK &&
+             lmk_buffer_write(g->q, 0, z, T * D * es) == LMK_OK &&
+             lmk_buffer_write(g->k, 0, z, T * D * es) == LMK_OK;
+        for (size_t i = 0; ok && i < T; i++)
+            h[i] = (int32_t)i;
+        ok = ok && lmk_buffer_write(g->slots, 0, h, T * 4) == LMK_OK;
         free(h);
         free(z);
     }
-    CHECK(ok, "cuda:%d: setting up the f8 conversion check: %s", ordinal, lmk_last_error());
+    CHECK(ok, "%s: setting up the f8 conversion check: %s", g->name, lmk_last_error());
     return ok;
 }
 
-/* Writes n = G_T * G_DV values (in g->dt) to v, runs the prologue with v_scale (0 means 1), reads
- * the f8 cache into codes. */
-static bool rig_run(gpu_rig *g, const void *vals, float v_scale, uint8_t *codes)
+/* Writes n = T * G_DV values (in g->dt) to v, runs the prologue with v_scale (0 means 1), reads the
+ * f8 cache into codes. */
+static bool rig_run(f8_rig *g, const void *vals, float v_scale, uint8_t *codes)
 {
-    const size_t n = (size_t)G_T * G_DV;
-    const lmk_rope_params rp = {.head_dim = G_D, .rope_dim = G_D, .n_heads = 1, .n_k_heads = 1, .seq_len = G_T,
-                                .freq_base = 10000.0f, .mode = LMK_ROPE_NEOX};
+    const size_t n = g->T * G_DV;
+    const lmk_rope_params rp = {.head_dim = (uint32_t)g->D, .rope_dim = (uint32_t)g->D, .n_heads = 1, .n_k_heads = 1,
+                                .seq_len = (uint32_t)g->T, .freq_base = 10000.0f, .mode = LMK_ROPE_NEOX};
     const lmk_rms_norm_params nm = {.eps = 1e-6f};
     const lmk_attn_prologue_io io = {.q_in = g->q, .k_in = g->k, .v_in = g->v, .positions = g->pos,
                                      .slots = g->slots, .q_out = g->qo, .k_cache = g->kc, .v_cache = g->vc,
@@ -165,7 +173,7 @@ static bool rig_run(gpu_rig *g, const void *vals, float v_scale, uint8_t *codes)
     const bool ok = lmk_buffer_write(g->v, 0, vals, n * lmk_dtype_size(g->dt)) == LMK_OK &&
                     lmk_attn_prologue(g->s, &io, &rp, &nm) == LMK_OK && lmk_stream_sync(g->s) == LMK_OK &&
                     lmk_buffer_read(g->vc, 0, codes, n) == LMK_OK;
-    CHECK(ok, "the f8 cache write on CUDA: %s", lmk_last_error());
+    CHECK(ok, "the f8 cache write on %s: %s", g->name, lmk_last_error());
     return ok;
 }
 
@@ -181,19 +189,20 @@ static uint8_t scaled_code(float x, float scale)
     return lmk_f32_to_f8e4m3(x / scale);
 }
 
-/* The f8 cache write with scales that have no exact reciprocal (the kernel divides; it does not
- * multiply by a rounded 1 / scale), and with powers of two, tiny and huge scales. The inputs a
- * wrong quotient would show: for every E4M3 value and every midpoint between neighbours (the
- * rounding boundaries), in both signs, the f32 values within 8 ulps of value * scale, whose
- * quotients land within a few ulps of the boundary; the special values; the rest of the 2^26
- * inputs random bit patterns (any exponent). Compared with scaled_code bit for bit. */
-static void check_gpu_scales(gpu_rig *g, int ordinal, uint32_t *vals, uint8_t *codes)
+/* The f8 cache write with scales that have no exact reciprocal (CUDA forms x / scale from a
+ * rounded 1 / scale by two fma corrections, the CPU's vector path divides: either must be the
+ * quotient), and with powers of two, tiny and huge scales. The inputs a wrong quotient would show: for every E4M3
+ * value and every midpoint between neighbours (the rounding boundaries), in both signs, the f32
+ * values within 8 ulps of value * scale, whose quotients land within a few ulps of the boundary;
+ * the special values; the rest of the T * G_DV inputs (2^26 on a GPU) random bit patterns (any
+ * exponent). Compared with scaled_code bit for bit. */
+static void check_scales(f8_rig *g, uint32_t *vals, uint8_t *codes)
 {
     const float scales[] = {0.0173f, 0.0291f, 3.0f, 1.0f / 3.0f, 0x1.fffffep-1f, 0x1.000002p0f, 7.1e-5f, 1234.567f,
                             0x1.7p-64f, 0x1.3p63f, 1e-30f, 3e30f, 1e-40f, 0x1p-140f, 0.0625f, 448.0f};
     const uint32_t special[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7f7fffffu, 0xff7fffffu,
                                 0x00000001u, 0x80000001u, 0x007fffffu, 0x00800000u, 0x7fc00000u, 0xffc00001u};
-    const size_t n = (size_t)G_T * G_DV;
+    const size_t n = g->T * G_DV;
     uint64_t x = 0x2545f4914f6cdd1dull;
     for (size_t si = 0; si < sizeof scales / sizeof scales[0]; si++) {
         const float sc = scales[si];
@@ -222,11 +231,11 @@ static void check_gpu_scales(gpu_rig *g, int ordinal, uint32_t *vals, uint8_t *c
         for (size_t k = 0; k < n; k++) {
             const uint8_t want = scaled_code(from_bits(vals[k]), sc);
             if (codes[k] != want && bad++ < 8)
-                CHECK(0, "cuda:%d f32 -> f8 cache, v_scale %a: 0x%08x (%a) stored 0x%02x, want 0x%02x", ordinal,
+                CHECK(0, "%s f32 -> f8 cache, v_scale %a: 0x%08x (%a) stored 0x%02x, want 0x%02x", g->name,
                       (double)sc, vals[k], (double)from_bits(vals[k]), codes[k], want);
         }
-        CHECK(bad == 0, "cuda:%d: the f8 cache write with v_scale %g (%a) on %zu inputs: %lld differ from "
-              "lmk_f32_to_f8e4m3(x / scale)", ordinal, (double)sc, (double)sc, n, bad);
+        CHECK(bad == 0, "%s: the f8 cache write with v_scale %g (%a) on %zu inputs: %lld differ from "
+              "lmk_f32_to_f8e4m3(x / scale)", g->name, (double)sc, (double)sc, n, bad);
     }
 }
 
@@ -237,7 +246,7 @@ static void check_gpu(int ordinal)
     const size_t n = (size_t)G_T * G_DV;
     uint32_t *vals = malloc(n * 4);
     uint8_t *codes = malloc(n);
-    gpu_rig g;
+    f8_rig g;
     if (!vals || !codes) {
         CHECK(0, "f8 conversion check: out of host memory");
         free(vals), free(codes);
@@ -249,7 +258,7 @@ static void check_gpu(int ordinal)
         if (full || e == 0 || e == 0xff || (e >= 0x60 && e <= 0x8f))
             exps[ne++] = e;
     long long bad = 0, done = 0;
-    if (rig_open(&g, ordinal, LMK_F32)) {
+    if (rig_open(&g, LMK_BACKEND_CUDA, ordinal, LMK_F32, G_T)) {
         for (int i = 0; i < ne; i += 4) { /* 4 exponent fields x 2 signs x 2^23 = 2^26 */
             size_t m = 0;
             for (int j = i; j < i + 4; j++) {
@@ -273,7 +282,7 @@ static void check_gpu(int ordinal)
     }
     rig_free(&g);
     bad = 0;
-    if (rig_open(&g, ordinal, LMK_BF16)) {
+    if (rig_open(&g, LMK_BACKEND_CUDA, ordinal, LMK_BF16, G_T)) {
         uint16_t *h = (uint16_t *)vals;
         for (size_t k = 0; k < n; k++)
             h[k] = (uint16_t)k; /* every bf16 pattern, 1024 times over */
@@ -288,8 +297,8 @@ static void check_gpu(int ordinal)
               bad);
     }
     rig_free(&g);
-    if (rig_open(&g, ordinal, LMK_F32))
-        check_gpu_scales(&g, ordinal, vals, codes);
+    if (rig_open(&g, LMK_BACKEND_CUDA, ordinal, LMK_F32, G_T))
+        check_scales(&g, vals, codes);
     rig_free(&g);
     free(vals);
     free(codes);
@@ -341,6 +350,21 @@ int main(void)
         check_one(from_bits((uint32_t)x));
     }
     CHECK(n_bad == 0, "a million random f32 bit patterns: %d wrong", n_bad);
+
+    /* The CPU's cache write with the same scales: 2^22 inputs a scale (LMK_TEST_QUICK: 2^20). */
+    {
+        const size_t T = env_set("LMK_TEST_QUICK") ? 256 : 1024;
+        uint32_t *vals = malloc(T * G_DV * 4);
+        uint8_t *codes = malloc(T * G_DV);
+        f8_rig g;
+        if (!vals || !codes)
+            CHECK(0, "f8 conversion check on the CPU: out of host memory");
+        else if (rig_open(&g, LMK_BACKEND_CPU, 0, LMK_F32, T))
+            check_scales(&g, vals, codes);
+        rig_free(&g);
+        free(vals);
+        free(codes);
+    }
 
     const int n_gpu = lmk_device_count(LMK_BACKEND_CUDA);
     if (n_gpu <= 0)
