@@ -384,6 +384,16 @@ inline uint64_t ceil_div(uint64_t a, uint64_t b)
     return (a + b - 1) / b;
 }
 
+/* How many bytes around a miss a read of whole rows of row_b bytes may have L2 fill at once (host):
+ * the widest of 256 and 128 that is no wider than a row, so that rows far apart fetch no bytes
+ * between them (0: no wider fill). rope's bulk tensor copies take it for their maps'
+ * L2 promotion, attn_prologue's staging copies take .L2::256B where it is 256 (its version 9,
+ * docs/cuda_notes.md: 128-byte spans 512 apart fetched twice their bytes with 256). */
+inline uint32_t l2_fill_bytes(uint64_t row_b)
+{
+    return row_b >= 256 ? 256 : row_b >= 128 ? 128 : 0;
+}
+
 /* Loads kernel k into the current device's context (its first launch, captured or not, then pays
  * no lazy module loading) and, with smem > 0, lets its launches ask for up to smem bytes of dynamic
  * shared memory; the first failure of a device's preloads is kept in *first. Host code, for the

@@ -61,7 +61,8 @@
  *   rope_pairs_kernel (prefill without copy items: in place, or rope_dim == head_dim): version
  *     10's kernel, items (token, row, unit) dealt to the threads kPairBatch at a time, unit fastest.
  *     Whole rows per warp and one angle per (token, pair) per block; it stayed faster than the rows
- *     kernel on Llama (NEOX 128/128: 0.92 against 0.75-0.87 of copy in f32) and in place. plan_pairs.
+ *     kernel on Llama (NEOX 128/128: 0.92 against 0.75-0.87 of copy in f32) and in place; 4 blocks
+ *     an SM since version 15. plan_pairs.
  *   rope_decode_kernel (small T): one token per block, whole rows per block, one item per thread
  *     (threadIdx.x is the item of the row, threadIdx.y the row) and at most one angle per thread,
  *     no loop, no run-time division; the angle's factor is formed before the PDL wait. Chosen when
@@ -110,6 +111,9 @@ constexpr uint32_t kTileAngles = 2048;
  * 16-byte units). */
 constexpr uint32_t kPairThreads = 256;
 constexpr int kPairBatch = 4;
+/* Blocks of rope_pairs_kernel an SM holds: 4 caps a thread at 64 registers (run 68: bf16 Llama
+ * 0.84 -> 0.89 of copy against 3 blocks and 80 registers; 5 spilled and lost 20-35%). */
+constexpr int kPairCtas = 4;
 /* The small-T kernel: threads a block aims for (whole rows of one token, one item per thread) and
  * the most items per row it takes (one row per block at most); wider rows (head_dim >= 512 with
  * narrow units) go to the prefill kernel. */
@@ -526,7 +530,7 @@ __global__ void __launch_bounds__(kRowThreads, 3) rope_rows_kernel(const __grid_
 /* One batch of pair items of a thread: the loaded a and b units, and the item's row and (token of
  * the tile, unit) from which pairs_store recomputes the output address and the table index
  * (two 32-bit words instead of an output pointer and a table index keep the 16-byte kernels
- * within 80 registers). tl < 256 and u < 128 (a tile holds at most kPairThreads angles, a slice at
+ * within their register cap). tl < 256 and u < 128 (a tile holds at most kPairThreads angles, a slice at
  * most kSlicePairs pairs), so both fit 16 bits. */
 template <int NB> struct PairBatch {
     Raw<NB> a[kPairBatch], b[kPairBatch];
@@ -575,10 +579,12 @@ __device__ __forceinline__ void pairs_store(const Geom &g, const PairBatch<VE * 
 
 /* A block is one (tile, row group): the angles' loads are issued (one angle per thread at most:
  * the host sizes the tile so), the first batch of items is loaded, the angles are finished into
- * shared memory, the block syncs and rotates, loading further batches as it goes. At most 80
- * registers, so 3 blocks of 256 threads fit an SM. */
+ * shared memory, the block syncs and rotates, loading further batches as it goes. At most 64
+ * registers, so kPairCtas = 4 blocks of 256 threads fit an SM (ptxas -v: the cap costs the
+ * 2-byte NEOX instances 8 bytes of spill stores and no loads, the f32 one 16 bytes stored and 8
+ * loaded). */
 template <int DT, int VE, bool IL>
-__global__ void __launch_bounds__(kPairThreads, 3) rope_pairs_kernel(const __grid_constant__ RopeParams p)
+__global__ void __launch_bounds__(kPairThreads, kPairCtas) rope_pairs_kernel(const __grid_constant__ RopeParams p)
 {
     constexpr int NB = VE * Elem<DT>::size;
     extern __shared__ __align__(16) float2 s_cs[];
@@ -704,13 +710,14 @@ __device__ __forceinline__ BulkOp bulk_op(uint32_t mode, uint32_t k, uint32_t nh
 }
 
 /* One tensor's side of a tile's copies (j: 0 q, 1 k; out: the stores, else the loads), issued by
- * the 32 lanes of warp 0 round robin. */
+ * the 32 lanes of warp 0 round robin; the host makes a mode-3 side's tensor map from the same
+ * fields (plan_bulk). */
 struct BulkSide {
     unsigned char *base; /* the tensor's input or output */
     uint64_t tok, head;  /* its strides, bytes */
     uint32_t nh, mode;
 };
-__device__ __forceinline__ BulkSide bulk_side(const Geom &g, const BulkPlan &bp, int j, bool out)
+__host__ __device__ __forceinline__ BulkSide bulk_side(const Geom &g, const BulkPlan &bp, int j, bool out)
 {
     BulkSide sd;
     sd.base = out ? (j ? g.out1 : g.out0) : const_cast<unsigned char *>(j ? g.in1 : g.in0);
@@ -1301,10 +1308,10 @@ bool plan_tensor_map(const lmk_cuda_device *d, CUtensorMap *m, const void *base,
         return false;
     const cuuint64_t dim[3] = {n0, nh, seq}, stride[2] = {head_b, tok_b};
     const cuuint32_t box[3] = {n0, nh, tile}, step[3] = {1, 1, 1};
-    /* L2 fills no wider than a row's span, so rows far apart fetch no bytes between them. */
-    const CUtensorMapL2promotion l2 = span_b >= 256   ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
-                                      : span_b >= 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
-                                                      : CU_TENSOR_MAP_L2_PROMOTION_NONE;
+    const uint32_t fill = l2_fill_bytes(span_b);
+    const CUtensorMapL2promotion l2 = fill == 256   ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+                                      : fill == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                                    : CU_TENSOR_MAP_L2_PROMOTION_NONE;
     const PFN_cuTensorMapEncodeTiled_v12000 encode = (PFN_cuTensorMapEncodeTiled_v12000)d->tmap_encode;
     return encode(m, es == 4 ? CU_TENSOR_MAP_DATA_TYPE_UINT32 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 3,
                   const_cast<void *>(base), dim, stride, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -1389,18 +1396,16 @@ bool plan_bulk(const lmk_rope_args *a, const Geom &g, uint32_t nb, const lmk_cud
             return false;
     }
     bp->box_tok_b = 0;
-    for (int m = 0; m < 4; m++) {
-        const uint32_t j = m / 2;
+    for (int m = 0; m < 4; m++) { /* bk->tm[2 * j + out], as bulk_tile reads them */
+        const int j = m / 2;
         const bool out = m % 2;
-        if (*modes[m] != 3 || nh[j] == 0)
+        const BulkSide sd = bulk_side(g, *bp, j, out);
+        if (sd.mode != 3 || sd.nh == 0)
             continue;
-        const void *base = out ? (j ? g.out1 : g.out0) : (j ? g.in1 : g.in0);
-        const uint64_t head_b = out ? (j ? g.out_head1 : g.out_head0) : (j ? g.in_head1 : g.in_head0);
-        const uint64_t tok_b = out ? (j ? g.out_tok1 : g.out_tok0) : (j ? g.in_tok1 : g.in_tok0);
-        if (!plan_tensor_map(d, &bk->tm[m], base, es, bp->span_b[j], nh[j], head_b, tok_b, a->seq_len, bp->tile))
+        if (!plan_tensor_map(d, &bk->tm[m], sd.base, es, bp->span_b[j], sd.nh, sd.head, sd.tok, a->seq_len, bp->tile))
             return false;
         if (!out)
-            bp->box_tok_b += nh[j] * bp->span_b[j];
+            bp->box_tok_b += sd.nh * bp->span_b[j];
     }
     bp->seq = a->seq_len;
     bp->tiles = ceil_div(a->seq_len, bp->tile);
