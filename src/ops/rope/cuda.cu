@@ -676,6 +676,25 @@ __global__ void __launch_bounds__(kDecMaxItems) rope_decode_kernel(const __grid_
  * The bulk kernel (sm_90 and later): tiles stream through shared memory by bulk copies.
  * ------------------------------------------------------------------------------------------- */
 
+/* One tensor's side of a tile's copies (j: 0 q, 1 k; out: the stores, else the loads), issued by
+ * the 32 lanes of warp 0 round robin; the host makes a mode-3 side's tensor map from the same
+ * fields (plan_bulk). */
+struct BulkSide {
+    unsigned char *base; /* the tensor's input or output */
+    uint64_t tok, head;  /* its strides, bytes */
+    uint32_t nh, mode;
+};
+__host__ __device__ __forceinline__ BulkSide bulk_side(const Geom &g, const BulkPlan &bp, int j, bool out)
+{
+    BulkSide sd;
+    sd.base = out ? (j ? g.out1 : g.out0) : const_cast<unsigned char *>(j ? g.in1 : g.in0);
+    sd.tok = out ? (j ? g.out_tok1 : g.out_tok0) : (j ? g.in_tok1 : g.in_tok0);
+    sd.head = out ? (j ? g.out_head1 : g.out_head0) : (j ? g.in_head1 : g.in_head0);
+    sd.nh = j ? g.rows - g.nh0 : g.nh0;
+    sd.mode = out ? bp.st_mode[j] : bp.ld_mode[j];
+    return sd;
+}
+
 /* The helpers and the kernel's body exist for sm_90 and later (and the host pass); code for older
  * GPUs has an empty kernel, which the host never launches (plan_bulk). */
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
@@ -707,25 +726,6 @@ __device__ __forceinline__ BulkOp bulk_op(uint32_t mode, uint32_t k, uint32_t nh
         return BulkOp{k, 0, nh * span};
     const uint32_t tl = k / nh;
     return BulkOp{tl, k - tl * nh, span};
-}
-
-/* One tensor's side of a tile's copies (j: 0 q, 1 k; out: the stores, else the loads), issued by
- * the 32 lanes of warp 0 round robin; the host makes a mode-3 side's tensor map from the same
- * fields (plan_bulk). */
-struct BulkSide {
-    unsigned char *base; /* the tensor's input or output */
-    uint64_t tok, head;  /* its strides, bytes */
-    uint32_t nh, mode;
-};
-__host__ __device__ __forceinline__ BulkSide bulk_side(const Geom &g, const BulkPlan &bp, int j, bool out)
-{
-    BulkSide sd;
-    sd.base = out ? (j ? g.out1 : g.out0) : const_cast<unsigned char *>(j ? g.in1 : g.in0);
-    sd.tok = out ? (j ? g.out_tok1 : g.out_tok0) : (j ? g.in_tok1 : g.in_tok0);
-    sd.head = out ? (j ? g.out_head1 : g.out_head0) : (j ? g.in_head1 : g.in_head0);
-    sd.nh = j ? g.rows - g.nh0 : g.nh0;
-    sd.mode = out ? bp.st_mode[j] : bp.ld_mode[j];
-    return sd;
 }
 
 /* Warp 0 fills stage st with the tile of tokens [t0, t0 + tt) (lane 0 first adds the tile's bytes
