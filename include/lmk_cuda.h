@@ -48,6 +48,8 @@ extern "C" {
  * stream may be 0 (the legacy default stream), cudaStreamLegacy or cudaStreamPerThread. The
  * stream is borrowed: lmk_stream_destroy waits for its work (unless it is being captured into a
  * graph) and frees only the lmk handle, never the cudaStream_t, which must outlive the handle.
+ * A stream may be wrapped while it is being captured (CUDA then refuses to say which device it
+ * belongs to, so that one check is skipped: a stream of another device fails at its first op).
  * Errors: INVALID_ARGUMENT (dev or out NULL, dev not a CUDA device, stream of another device);
  * OUT_OF_MEMORY (host); DEVICE. */
 LMK_API lmk_status lmk_stream_wrap_cuda(lmk_device *dev, cudaStream_t stream, lmk_stream **out);

@@ -132,7 +132,12 @@ static bool step_refill(step *st, cudaStream_t h, bool async, uint64_t seed)
 
 /* Captures the step into a graph on s, replays it REPLAYS times with fresh inputs, and checks every
  * case of each replay. */
-static void graph_case(lmk_device *dev, lmk_stream *s, bool wrap, const char *name)
+/* mode: the capture's cudaStreamCaptureMode (PyTorch's torch.cuda.graph captures in the global mode, in
+ * which any call CUDA deems unsafe, from any thread, invalidates the capture). rewrap: the ops run on a
+ * second wrapper of s's stream made after the capture began, as the Python package wraps the capture
+ * stream torch.cuda.graph makes when it first sees it. */
+static void graph_case(lmk_device *dev, lmk_stream *s, bool wrap, enum cudaStreamCaptureMode mode, bool rewrap,
+                       const char *name)
 {
     const uint64_t seed = tst_case_seed();
     const cudaStream_t h = lmk_stream_cuda_handle(s);
@@ -142,13 +147,20 @@ static void graph_case(lmk_device *dev, lmk_stream *s, bool wrap, const char *na
     bool ok = step_make(dev, s, wrap, seed, &st);
 
     if (ok) {
-        cudaError_t e = cudaStreamBeginCapture(h, cudaStreamCaptureModeThreadLocal);
+        cudaError_t e = cudaStreamBeginCapture(h, mode);
         ok = TST_REQUIRE(e == cudaSuccess, "%s: cudaStreamBeginCapture: %s", name, cudaGetErrorString(e));
         if (ok) {
+            lmk_stream *run_s = s, *w2 = NULL;
             lmk_status r = LMK_OK;
+            if (rewrap) {
+                r = lmk_stream_wrap_cuda(dev, h, &w2);
+                run_s = w2;
+            }
             for (int i = 0; i < st.n && r == LMK_OK; i++)
-                r = tst_inst_run(st.in[i], s);
+                r = tst_inst_run(st.in[i], run_s);
             e = cudaStreamEndCapture(h, &graph);
+            if (w2)
+                lmk_stream_destroy(w2);
             ok = TST_REQUIRE(r == LMK_OK, "%s: an op failed during capture: %s: %s", name, lmk_status_name(r),
                              lmk_last_error()) &&
                  TST_REQUIRE(e == cudaSuccess, "%s: cudaStreamEndCapture: %s", name, cudaGetErrorString(e));
@@ -374,7 +386,8 @@ int main(void)
     lmk_stream *s = NULL;
     st = lmk_stream_create(dev, &s);
     if (CHECK(st == LMK_OK, "lmk_stream_create: %s", lmk_last_error()))
-        graph_case(dev, s, false, "graph of a layer step on an lmk stream, lmk buffers");
+        graph_case(dev, s, false, cudaStreamCaptureModeThreadLocal, false,
+                   "graph of a layer step on an lmk stream, lmk buffers");
     lmk_stream_destroy(s);
 
     cudaStream_t cs = NULL;
@@ -382,7 +395,11 @@ int main(void)
         lmk_stream *w = NULL;
         st = lmk_stream_wrap_cuda(dev, cs, &w);
         if (CHECK(st == LMK_OK, "lmk_stream_wrap_cuda: %s", lmk_last_error()))
-            graph_case(dev, w, true, "graph of a layer step on a wrapped cudaStream_t, caller memory");
+            graph_case(dev, w, true, cudaStreamCaptureModeThreadLocal, false,
+                       "graph of a layer step on a wrapped cudaStream_t, caller memory");
+        if (st == LMK_OK)
+            graph_case(dev, w, true, cudaStreamCaptureModeGlobal, true,
+                       "graph of a layer step captured in the global mode, on a stream wrapped during the capture");
         lmk_stream_destroy(w);
         (void)cudaStreamDestroy(cs);
     }

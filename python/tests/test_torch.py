@@ -274,6 +274,29 @@ def test_cuda_graph_capture_and_replay(gen):
 
 
 @cuda_only
+def test_cuda_graph_on_torch_capture_stream(gen):
+    """torch.cuda.graph(g) without stream= captures on a stream of its own, which lmk first sees (and wraps)
+    inside the capture: the wrap must not invalidate it."""
+    q, k, pos, kw = rope_case(gen, "cuda", torch.bfloat16, T=16)
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        lmk.rope(q, pos, k=k, out=q_out, k_out=k_out, **kw)  # warm-up on another stream
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        lmk.rope(q, pos, k=k, out=q_out, k_out=k_out, **kw)
+    q_out.fill_(float("nan"))
+    k_out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    wq, wk = lmk.rope(q, pos, k=k, **kw)
+    torch.cuda.synchronize()
+    assert same_bits(q_out, wq) and same_bits(k_out, wk)
+
+
+@cuda_only
 def test_cuda_compiled_function_in_graph(gen):
     q, k, pos, _ = rope_case(gen, "cuda", torch.float16, T=8)
     torch._dynamo.reset()

@@ -330,16 +330,27 @@ lmk_status lmk_stream_wrap_cuda(lmk_device *dev, cudaStream_t stream, lmk_stream
     if (st != LMK_OK)
         return st;
     /* A real stream must belong to this device; the special handles (0, cudaStreamLegacy,
-     * cudaStreamPerThread) mean "this thread's default stream of the current device". */
+     * cudaStreamPerThread) mean "this thread's default stream of the current device". CUDA
+     * refuses cudaStreamGetDevice on a stream that is being captured, in every capture mode, and
+     * the refusal invalidates the capture (run 71, docs/cuda_notes.md: PyTorch's torch.cuda.graph
+     * captures on a stream of its own, which the Python package first sees inside the capture), so
+     * a stream under capture is taken without the check: one of another device fails at its
+     * first launch instead, which ends the capture with that error. */
     if (stream != 0 && stream != cudaStreamLegacy && stream != cudaStreamPerThread) {
-        int sdev = -1;
-        const cudaError_t e = cudaStreamGetDevice(stream, &sdev);
+        cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+        cudaError_t e = cudaStreamIsCapturing(stream, &cap);
         if (e != cudaSuccess)
-            return lmk_cuda_fail(e, "lmk_stream_wrap_cuda: cudaStreamGetDevice");
-        if (sdev != d->ordinal)
-            return lmk_fail(LMK_ERR_INVALID_ARGUMENT,
-                            "lmk_stream_wrap_cuda: the stream belongs to CUDA device %d, not %d", sdev,
-                            d->ordinal);
+            return lmk_cuda_fail(e, "lmk_stream_wrap_cuda: cudaStreamIsCapturing");
+        if (cap == cudaStreamCaptureStatusNone) {
+            int sdev = -1;
+            e = cudaStreamGetDevice(stream, &sdev);
+            if (e != cudaSuccess)
+                return lmk_cuda_fail(e, "lmk_stream_wrap_cuda: cudaStreamGetDevice");
+            if (sdev != d->ordinal)
+                return lmk_fail(LMK_ERR_INVALID_ARGUMENT,
+                                "lmk_stream_wrap_cuda: the stream belongs to CUDA device %d, not %d", sdev,
+                                d->ordinal);
+        }
     }
     lmk_stream *s = (lmk_stream *)lmk_host_calloc(sizeof *s, 0);
     lmk_cuda_stream *cs = (lmk_cuda_stream *)lmk_host_calloc(sizeof *cs, 0);
