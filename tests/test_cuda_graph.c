@@ -131,11 +131,10 @@ static bool step_refill(step *st, cudaStream_t h, bool async, uint64_t seed)
 }
 
 /* Captures the step into a graph on s, replays it REPLAYS times with fresh inputs, and checks every
- * case of each replay. */
-/* mode: the capture's cudaStreamCaptureMode (PyTorch's torch.cuda.graph captures in the global mode, in
- * which any call CUDA deems unsafe, from any thread, invalidates the capture). rewrap: the ops run on a
- * second wrapper of s's stream made after the capture began, as the Python package wraps the capture
- * stream torch.cuda.graph makes when it first sees it. */
+ * case of each replay. mode: the capture's cudaStreamCaptureMode (PyTorch's torch.cuda.graph captures
+ * in the global mode, in which any call CUDA deems unsafe, from any thread, invalidates the capture).
+ * rewrap: the ops run on a second wrapper of s's stream made after the capture began, as the Python
+ * package wraps a stream it first sees inside a capture (torch.cuda.graph's own capture stream). */
 static void graph_case(lmk_device *dev, lmk_stream *s, bool wrap, enum cudaStreamCaptureMode mode, bool rewrap,
                        const char *name)
 {

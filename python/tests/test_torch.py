@@ -274,9 +274,10 @@ def test_cuda_graph_capture_and_replay(gen):
 
 
 @cuda_only
-def test_cuda_graph_on_torch_capture_stream(gen):
-    """torch.cuda.graph(g) without stream= captures on a stream of its own, which lmk first sees (and wraps)
-    inside the capture: the wrap must not invalidate it."""
+def test_cuda_graph_on_a_stream_first_seen_in_the_capture(gen):
+    """A capture on a stream lmk has not seen before, so the package wraps it inside the capture (as with
+    torch.cuda.graph(g) without stream=, on torch's own capture stream): the wrap must not invalidate it.
+    The stream is a new one, so that no earlier test can have wrapped it already."""
     q, k, pos, kw = rope_case(gen, "cuda", torch.bfloat16, T=16)
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
     s = torch.cuda.Stream()
@@ -285,7 +286,7 @@ def test_cuda_graph_on_torch_capture_stream(gen):
         lmk.rope(q, pos, k=k, out=q_out, k_out=k_out, **kw)  # warm-up on another stream
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, stream=torch.cuda.Stream()):
         lmk.rope(q, pos, k=k, out=q_out, k_out=k_out, **kw)
     q_out.fill_(float("nan"))
     k_out.fill_(float("nan"))

@@ -1985,7 +1985,7 @@ void plan_launch(ApParams *p, int sm_count, bool units16, LaunchPlan *L)
             pl.n_tiles = ceil_div(seq, tile);
             const uint64_t qk_b = ((p->il ? 1ull : 2ull) * p->kind[0].npu + p->kind[0].nc) * 16;
             const uint64_t v_b = (uint64_t)p->kind[1].nc * 16;
-            pl.fetch256 = l2_fill_bytes(v_b == 0 || v_b > qk_b ? qk_b : v_b) == 256;
+            pl.fetch256 = l2_fill_bytes(qk_b) == 256 && (v_b == 0 || l2_fill_bytes(v_b) == 256);
             L->smem = (size_t)total;
         }
     }

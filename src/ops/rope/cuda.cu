@@ -530,8 +530,8 @@ __global__ void __launch_bounds__(kRowThreads, 3) rope_rows_kernel(const __grid_
 /* One batch of pair items of a thread: the loaded a and b units, and the item's row and (token of
  * the tile, unit) from which pairs_store recomputes the output address and the table index
  * (two 32-bit words instead of an output pointer and a table index keep the 16-byte kernels
- * within their register cap). tl < 256 and u < 128 (a tile holds at most kPairThreads angles, a slice at
- * most kSlicePairs pairs), so both fit 16 bits. */
+ * within their register cap). tl < 256 and u < 128 (a tile holds at most kPairThreads angles, a
+ * slice at most kSlicePairs pairs), so both fit 16 bits. */
 template <int NB> struct PairBatch {
     Raw<NB> a[kPairBatch], b[kPairBatch];
     uint32_t r[kPairBatch];   /* row; ~0u: no item */
