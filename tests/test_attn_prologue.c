@@ -1155,8 +1155,10 @@ static void test_edges(const tst_dev *devs, int n_dev)
 
 /* The bench's prompts at their own length on the GPU only (the CPU's paths are the same as at T = 300,
  * and a CPU runs these for seconds): Qwen3.5-27B at T = 4106 with a bf16 and an f8 cache and in f32,
- * Qwen3-8B in place in the packed QKV, and two shapes no model has: head_dim 1024 inside a q|gate
- * layout, and 4/1 heads at 12001 tokens with an f8 cache (tiles of 4 tokens, the last one short). */
+ * Qwen3-8B in place in the packed QKV, two shapes no model has: head_dim 1024 inside a q|gate
+ * layout, and 4/1 heads at 12001 tokens with an f8 cache (tiles of 4 tokens, the last one short),
+ * and a partial rope without a norm whose copied elements hold NaN payloads, at a length the
+ * prefill kernel takes. */
 static void test_gpu_prompts(const tst_dev *devs, int n_dev)
 {
     tst_dev gpus[TST_MAX_DEVS];
@@ -1181,6 +1183,12 @@ static void test_gpu_prompts(const tst_dev *devs, int n_dev)
     shape(&s, 4, 2, 1024, 128, LMK_ROPE_NEOX, L_QGATE), e[n++] = s;
     s = edge(M_Q3_8B, 12001, LMK_F16, "(4/1 heads, 12001 tokens)");
     shape(&s, 4, 1, 128, 128, LMK_ROPE_NEOX, L_DENSE), s.outputs = O_BOTH, s.f8 = true, e[n++] = s;
+    for (int i = 0; i < 2; i++) { /* the prefill kernel's rows of pair and copy items, with NaNs */
+        s = edge(M_LLAMA31_8B, 3001, LMK_BF16, i ? "(no norm, partial rope, NaN payloads in copies, prompt, f8)"
+                                                 : "(no norm, partial rope, NaN payloads in copies, prompt)");
+        shape(&s, 8, 2, 128, 64, LMK_ROPE_NEOX, i ? L_QKV : L_DENSE), s.nan_payloads = true;
+        s.f8 = i == 1, s.outputs = O_BOTH, e[n++] = s;
+    }
     const double t0 = tst_now();
     int failed = 0;
     for (int i = 0; i < n; i++)

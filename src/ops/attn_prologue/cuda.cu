@@ -69,7 +69,11 @@
  * staged with 256-byte L2 fills (version 9); without an f8 cache,
  * or with f8 caches of power-of-two scales, its tables are also formed one block ahead
  * (docs/cuda_notes.md, attn_prologue versions 4 and 8: prompts take 14-25% less time than with one
- * CUDA block each, 13-17% less with an f8 cache).
+ * CUDA block each, 13-17% less with an f8 cache). Where q/k rows hold pair items and copy items (a
+ * partial half-split rope: Qwen3.5), a team's first lanes hold pairs and the rest copies, and the
+ * warp would run the pair code and the copy code one after the other; the decode kernel and the
+ * prefill kernel without an f8 cache have MIX instantiations in which every lane runs one path for
+ * both (emit_mixed), taken where they were measured faster (LaunchPlan.mix, plan_launch; version 10).
  *
  * Launches use programmatic dependent launch where the device allows it (lmk_cuda_device.pdl,
  * kernel_common.cuh): a launch may start while the previous kernel of the stream finishes, and
@@ -765,9 +769,65 @@ __device__ __forceinline__ Dst dst_of(const ApParams &p, const Shared &sh, int k
     return dst_at(dst_base(p, kind, t, h), sh.slot + tl);
 }
 
+/* An item of a row with both pair and copy items, by emit_pair's or emit_copy's code (out of line:
+ * emit_mixed's path for a unit that held a NaN). */
+template <int DT, int VE, int F8, bool W>
+__device__ __noinline__ void emit_item_apart(const ApParams &p, const Kind &g, const Dst d, const float *w, float rn,
+                                             const float2 *cs, uint32_t item, const Raw<VE * Elem<DT>::size> a,
+                                             const Raw<VE * Elem<DT>::size> b)
+{
+    if (item < g.npu)
+        emit_pair<DT, VE, F8, W>(p, d, w, rn, cs, item, a, b);
+    else
+        emit_copy<DT, VE, F8, W>(p, g, d, w, rn, item - g.npu, a, b);
+}
+
+/* Item `item` (< g.items) of a half-split row that has pair items and copy items (LaunchPlan.mix), in
+ * one code path for both, so that a team whose first lanes hold pairs and the rest copies does not
+ * run emit_pair and emit_copy one after the other: every lane forms the rotation of its two units
+ * (a copy lane with the table's first entries) and keeps it where it holds a pair, its normed (W)
+ * or raw values where it holds copies. The values, words and codes are emit_pair's and
+ * emit_copy's: the same arithmetic in the same order, a copy without a norm its input's own words;
+ * a unit that held a NaN goes to emit_item_apart. */
+template <int DT, int VE, int F8, bool W>
+__device__ __forceinline__ void emit_mixed(const ApParams &p, const Kind &g, const Dst &d, const float *w, float rn,
+                                           const float2 *cs, uint32_t item, const Raw<VE * Elem<DT>::size> &a,
+                                           const Raw<VE * Elem<DT>::size> &b)
+{
+    const bool pair = item < g.npu;
+    const uint32_t c = item - g.npu; /* used only when !pair */
+    const uint32_t oa = pair ? item * p.ustep : copy_at(g, c, VE);
+    const uint32_t ob = pair ? oa + p.pstride : copy_at(g, c + g.nch, VE);
+    const bool two = pair || c + g.nch < g.nc;
+    const float2 *q = cs + (pair ? item * VE : 0);
+    Acc<DT, VE> ra{}, rb{};
+#pragma unroll
+    for (int e = 0; e < VE; e += 2) {
+        const float2 xa = normed2<DT, VE, W>(a, e, w, rn, oa), xb = normed2<DT, VE, W>(b, e, w, rn, ob);
+        const float4 t = *reinterpret_cast<const float4 *>(q + e); /* (c, s) of two pairs */
+        const float a0 = fmaf(xa.x, t.x, -xb.x * t.y), a1 = fmaf(xa.y, t.z, -xb.y * t.w);
+        const float b0 = fmaf(xa.x, t.y, xb.x * t.x), b1 = fmaf(xa.y, t.w, xb.y * t.z);
+        acc2<DT, VE, F8, false>(p, d, ra, e, pair ? a0 : xa.x, pair ? a1 : xa.y);
+        acc2<DT, VE, F8, false>(p, d, rb, e, pair ? b0 : xb.x, pair ? b1 : xb.y);
+    }
+    if constexpr (!W) { /* emit_copy's put_raw: the input's words, f8 codes of its values */
+        if (!pair)
+            ra.v = a, rb.v = b;
+    }
+    if (redo<DT, VE, F8>(ra) || redo<DT, VE, F8>(rb)) {
+        emit_item_apart<DT, VE, F8, W>(p, g, d, w, rn, cs, item, a, b);
+        return;
+    }
+    put<DT, VE, F8>(d, oa, ra);
+    if (two)
+        put<DT, VE, F8>(d, ob, rb);
+}
+
 /* The outputs of the items base + u*L (u < U) of a row. (A loop over u instead of U unrolled
- * copies cut the f8 cases by 3-12% and cost the bf16-cache prompts 1-1.5%: run 18.) */
-template <int DT, int VE, int U, int F8, bool W>
+ * copies cut the f8 cases by 3-12% and cost the bf16-cache prompts 1-1.5%: run 18.) MIX: the
+ * kernel's q/k rows have pair and copy items (half-split), which take emit_mixed; its v rows have
+ * copy items only. */
+template <int DT, int VE, int U, int F8, bool W, bool MIX>
 __device__ __forceinline__ void emit_items(const ApParams &p, const Kind &g, const Dst &d, const float *w, float rn,
                                            const float2 *cs, uint32_t base, uint32_t L,
                                            const Raw<VE * Elem<DT>::size> (&a)[U], const Raw<VE * Elem<DT>::size> (&b)[U])
@@ -775,7 +835,14 @@ __device__ __forceinline__ void emit_items(const ApParams &p, const Kind &g, con
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const uint32_t item = base + u * L;
-        if (item < g.npu)
+        if constexpr (MIX && VE >= 2) {
+            if (item < g.items) {
+                if (g.npu)
+                    emit_mixed<DT, VE, F8, W>(p, g, d, w, rn, cs, item, a[u], b[u]);
+                else
+                    emit_copy<DT, VE, F8, W>(p, g, d, w, rn, item, a[u], b[u]);
+            }
+        } else if (item < g.npu)
             emit_pair<DT, VE, F8, W>(p, d, w, rn, cs, item, a[u], b[u]);
         else if (item < g.items)
             emit_copy<DT, VE, F8, W>(p, g, d, w, rn, item - g.npu, a[u], b[u]);
@@ -811,7 +878,7 @@ __device__ __forceinline__ float team_sum_flat(float v, uint32_t L)
  * norm. CHUNK: a row may be longer than one chunk of L*U items; every chunk is loaded again here (the
  * same lane reads and writes each element, so in place still holds). F8: the call may have an f8
  * cache (without, the f8 paths are not compiled in). */
-template <int DT, int VE, int U, bool CHUNK, bool F8 = true>
+template <int DT, int VE, int U, bool CHUNK, bool F8 = true, bool MIX = false>
 __device__ __forceinline__ void emit_row(const ApParams &p, const Shared &sh, const Dst &d, uint32_t tl, int kind,
                                          const unsigned char *in, bool norm, float rn, uint32_t lane, uint32_t L,
                                          Raw<VE * Elem<DT>::size> (&a)[U], Raw<VE * Elem<DT>::size> (&b)[U])
@@ -826,17 +893,17 @@ __device__ __forceinline__ void emit_row(const ApParams &p, const Shared &sh, co
             load_items<Elem<DT>::size, VE, U>(p, g, in, base, L, a, b);
         /* one path per (kind of f8 scale or none, norm): each carries only its own code */
         if (F8 && d.f8 == kF8Exact && norm)
-            emit_items<DT, VE, U, kF8Exact, true>(p, g, d, w, rn, cs, base, L, a, b);
+            emit_items<DT, VE, U, kF8Exact, true, MIX>(p, g, d, w, rn, cs, base, L, a, b);
         else if (F8 && d.f8 == kF8Exact)
-            emit_items<DT, VE, U, kF8Exact, false>(p, g, d, w, rn, cs, base, L, a, b);
+            emit_items<DT, VE, U, kF8Exact, false, MIX>(p, g, d, w, rn, cs, base, L, a, b);
         else if (F8 && d.f8 && norm)
-            emit_items<DT, VE, U, kF8Divide, true>(p, g, d, w, rn, cs, base, L, a, b);
+            emit_items<DT, VE, U, kF8Divide, true, MIX>(p, g, d, w, rn, cs, base, L, a, b);
         else if (F8 && d.f8)
-            emit_items<DT, VE, U, kF8Divide, false>(p, g, d, w, rn, cs, base, L, a, b);
+            emit_items<DT, VE, U, kF8Divide, false, MIX>(p, g, d, w, rn, cs, base, L, a, b);
         else if (norm)
-            emit_items<DT, VE, U, 0, true>(p, g, d, w, rn, cs, base, L, a, b);
+            emit_items<DT, VE, U, 0, true, MIX>(p, g, d, w, rn, cs, base, L, a, b);
         else
-            emit_items<DT, VE, U, 0, false>(p, g, d, w, rn, cs, base, L, a, b);
+            emit_items<DT, VE, U, 0, false, MIX>(p, g, d, w, rn, cs, base, L, a, b);
     }
 }
 
@@ -1157,7 +1224,7 @@ __global__ void __launch_bounds__(kThreads, CHUNK ? 2 : 3) prologue_kernel(const
  * ~7 cycles), so its time is the length of that chain; prologue_kernel's carries two items a lane,
  * the chunk loop and every (f8, norm) path. docs/cuda_notes.md, attn_prologue version 5: T = 1
  * calls 21-36% faster in a graph (Qwen3-8B bf16 3.08 -> 2.25 us). */
-template <int DT, int VE, bool F8>
+template <int DT, int VE, bool F8, bool MIX>
 __global__ void __launch_bounds__(kSpreadThreads) prologue_decode_kernel(const __grid_constant__ ApParams p)
 {
     constexpr int ES = Elem<DT>::size;
@@ -1181,8 +1248,8 @@ __global__ void __launch_bounds__(kSpreadThreads) prologue_decode_kernel(const _
     float ss = norm ? sum_sq<DT, VE, 1>(a, b) : 0.0f;
     ss = F8 ? team_sum(ss, L) : team_sum_flat(ss, L);
     if (t.live)
-        emit_row<DT, VE, 1, false, F8>(p, sh, dst_at(db, sh.slot + t.tl), t.tl, t.kind, t.in, norm,
-                                       rsqrtf(fmaf(ss, p.inv_d, p.eps)), lane, L, a, b);
+        emit_row<DT, VE, 1, false, F8, MIX>(p, sh, dst_at(db, sh.slot + t.tl), t.tl, t.kind, t.in, norm,
+                                            rsqrtf(fmaf(ss, p.inv_d, p.eps)), lane, L, a, b);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1467,7 +1534,7 @@ __device__ __forceinline__ void stage_wait_older()
  * bits. F8: the call has an f8 cache (plan_launch); without one the rows are compiled without the
  * f8 paths (bf16: 4,104 SASS instructions instead of 12,696; docs/cuda_notes.md, attn_prologue
  * version 6). */
-template <int DT, int VE, int U, bool AHEAD, bool F8>
+template <int DT, int VE, int U, bool AHEAD, bool F8, bool MIX>
 __global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __grid_constant__ ApParams p)
 {
     static_assert(VE * Elem<DT>::size == 16, "the staging copies are 16 bytes");
@@ -1544,8 +1611,9 @@ __global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __gr
         }
         ss = team_sum(ss, L);
         if (live) /* the input row is read only by chunks, which this kernel has not */
-            emit_row<DT, VE, U, false, F8>(p, sh, rec_dst(p, rec, kind, bk.t0 + tl, sh.slot + tl), tl, kind,
-                                               nullptr, norm, rsqrtf(fmaf(ss, p.inv_d, p.eps)), lane, L, a, b);
+            emit_row<DT, VE, U, false, F8, MIX>(p, sh, rec_dst(p, rec, kind, bk.t0 + tl, sh.slot + tl), tl,
+                                                kind, nullptr, norm, rsqrtf(fmaf(ss, p.inv_d, p.eps)), lane, L,
+                                                a, b);
         if (!more)
             break;
         if constexpr (AHEAD) {
@@ -1571,6 +1639,7 @@ struct LaunchPlan {
     bool ahead;  /* its AHEAD order (no f8 cache, or f8 caches of power-of-two scales) */
     bool f8;     /* the call has an f8 cache */
     bool decode; /* prologue_decode_kernel (plan_team) */
+    bool mix;    /* the MIX instantiation (emit_items; plan_launch) */
     int sm_count;
 };
 
@@ -1579,9 +1648,10 @@ cudaError_t launch(const ApParams &p, const LaunchPlan &L, cudaStream_t st)
 {
     if constexpr (VE * Elem<DT>::size == 16 && !CHUNK) {
         if (L.stream) {
-            void (*const k)(ApParams) = !L.f8   ? prologue_stream_kernel<DT, VE, U, true, false>
-                                        : L.ahead ? prologue_stream_kernel<DT, VE, U, true, true>
-                                                  : prologue_stream_kernel<DT, VE, U, false, true>;
+            void (*const k)(ApParams) = !L.f8   ? (L.mix ? prologue_stream_kernel<DT, VE, U, true, false, true>
+                                                         : prologue_stream_kernel<DT, VE, U, true, false, false>)
+                                        : L.ahead ? prologue_stream_kernel<DT, VE, U, true, true, false>
+                                                  : prologue_stream_kernel<DT, VE, U, false, true, false>;
             int per_sm = 0;
             const cudaError_t e =
                 cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, (int)L.threads.x, L.smem);
@@ -1604,9 +1674,12 @@ template <int DT> cudaError_t launch_decode(uint32_t ve, const ApParams &p, cons
 {
     constexpr int V16 = 16 / Elem<DT>::size;
     const bool f8 = p.cache[0].f8 || p.cache[1].f8;
-    void (*k)(ApParams) = !f8 ? prologue_decode_kernel<DT, V16, false>
-                        : ve == V16 ? prologue_decode_kernel<DT, V16, true>
-                                    : prologue_decode_kernel<DT, kDecodeF8Elems, true>;
+    void (*k)(ApParams) = L.mix ? (!f8 ? prologue_decode_kernel<DT, V16, false, true>
+                                   : ve == V16 ? prologue_decode_kernel<DT, V16, true, true>
+                                               : prologue_decode_kernel<DT, kDecodeF8Elems, true, true>)
+                                : (!f8 ? prologue_decode_kernel<DT, V16, false, false>
+                                   : ve == V16 ? prologue_decode_kernel<DT, V16, true, false>
+                                               : prologue_decode_kernel<DT, kDecodeF8Elems, true, false>);
     return lmk_cuda_start(k, p, L.blocks, L.threads, L.smem, st, L.pdl);
 }
 
@@ -1644,13 +1717,18 @@ cudaError_t launch_dtype(lmk_dtype dt, uint32_t ve, bool chunk, const ApParams &
 template <int DT> void preload_dtype(cudaError_t *first)
 {
     constexpr int V16 = 16 / Elem<DT>::size, U1 = kItems<Elem<DT>::size>;
-    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, true, false>, 0, first);
-    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, true, true>, 0, first);
-    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, false, true>, 0, first);
-    lmk_cuda_preload(prologue_decode_kernel<DT, V16, false>, 0, first);
-    lmk_cuda_preload(prologue_decode_kernel<DT, V16, true>, 0, first);
-    if constexpr (V16 != kDecodeF8Elems)
-        lmk_cuda_preload(prologue_decode_kernel<DT, kDecodeF8Elems, true>, 0, first);
+    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, true, false, false>, 0, first);
+    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, true, true, false>, 0, first);
+    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, false, true, false>, 0, first);
+    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, true, false, true>, 0, first);
+    lmk_cuda_preload(prologue_decode_kernel<DT, V16, false, false>, 0, first);
+    lmk_cuda_preload(prologue_decode_kernel<DT, V16, true, false>, 0, first);
+    lmk_cuda_preload(prologue_decode_kernel<DT, V16, false, true>, 0, first);
+    lmk_cuda_preload(prologue_decode_kernel<DT, V16, true, true>, 0, first);
+    if constexpr (V16 != kDecodeF8Elems) {
+        lmk_cuda_preload(prologue_decode_kernel<DT, kDecodeF8Elems, true, false>, 0, first);
+        lmk_cuda_preload(prologue_decode_kernel<DT, kDecodeF8Elems, true, true>, 0, first);
+    }
     lmk_cuda_preload(prologue_kernel<DT, V16, kItems<16>, false>, 0, first);
     lmk_cuda_preload(prologue_kernel<DT, V16, kItems<16>, true>, kChunkSmem, first);
     lmk_cuda_preload(prologue_kernel<DT, 1, U1, false>, 0, first);
@@ -1989,6 +2067,15 @@ void plan_launch(ApParams *p, int sm_count, bool units16, LaunchPlan *L)
             L->smem = (size_t)total;
         }
     }
+    /* Rows with pair and copy items (a partial half-split rope: Qwen3.5) take the MIX instantiation
+     * where it was measured faster (run 73, against the kernels without it): decode with an f8 cache
+     * (Qwen3.5-27B T=1 2.03 -> 1.95 us, T=64 3.04 -> 2.87), decode without one when the call is at
+     * most a block per SM (T=1 bf16 2.06 -> 2.01; the T=64 batch, two blocks per SM, went 2.88 ->
+     * 2.96), and prompts without an f8 cache (bf16 T=16384 161.0 -> 157.8, f32 T=4106 81.6 ->
+     * 80.3). With an f8 cache the prompt kernel's MIX instance spilled (316 bytes of loads) and
+     * lost 4.6%, so it is not built. */
+    const bool mixed_rows = !p->il && p->kind[0].npu && p->kind[0].nc;
+    L->mix = mixed_rows && (L->decode ? L->f8 || pl.n_blocks <= sms : L->stream && !L->f8);
 }
 
 } /* namespace */
