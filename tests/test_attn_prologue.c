@@ -1183,7 +1183,8 @@ static void test_gpu_prompts(const tst_dev *devs, int n_dev)
     shape(&s, 4, 2, 1024, 128, LMK_ROPE_NEOX, L_QGATE), e[n++] = s;
     s = edge(M_Q3_8B, 12001, LMK_F16, "(4/1 heads, 12001 tokens)");
     shape(&s, 4, 1, 128, 128, LMK_ROPE_NEOX, L_DENSE), s.outputs = O_BOTH, s.f8 = true, e[n++] = s;
-    for (int i = 0; i < 2; i++) { /* the prefill kernel's rows of pair and copy items, with NaNs */
+    for (int i = 0; i < 2; i++) { /* prefill rows of pair and copy items, NaNs in the copies: CUDA's MIX
+                                   * prefill kernel (dense, no f8) and the one without MIX (f8) */
         s = edge(M_LLAMA31_8B, 3001, LMK_BF16, i ? "(no norm, partial rope, NaN payloads in copies, prompt, f8)"
                                                  : "(no norm, partial rope, NaN payloads in copies, prompt)");
         shape(&s, 8, 2, 128, 64, LMK_ROPE_NEOX, i ? L_QKV : L_DENSE), s.nan_payloads = true;

@@ -2071,8 +2071,8 @@ void plan_launch(ApParams *p, int sm_count, bool units16, LaunchPlan *L)
      * where it was measured faster (run 73, against the kernels without it): decode with an f8 cache
      * (Qwen3.5-27B T=1 2.03 -> 1.95 us, T=64 3.04 -> 2.87), decode without one when the call is at
      * most a block per SM (T=1 bf16 2.06 -> 2.01; the T=64 batch, two blocks per SM, went 2.88 ->
-     * 2.96), and prompts without an f8 cache (bf16 T=16384 161.0 -> 157.8, f32 T=4106 81.6 ->
-     * 80.3). With an f8 cache the prompt kernel's MIX instance spilled (316 bytes of loads) and
+     * 2.96; run 78: gains up to T=32, 128 blocks, losses from T=48, 192 blocks), and prompts without
+     * an f8 cache (bf16 T=16384 161.0 -> 157.8, f32 T=4106 81.6 -> 80.3). With an f8 cache the prompt kernel's MIX instance spilled (316 bytes of loads) and
      * lost 4.6%, so it is not built. */
     const bool mixed_rows = !p->il && p->kind[0].npu && p->kind[0].nc;
     L->mix = mixed_rows && (L->decode ? L->f8 || pl.n_blocks <= sms : L->stream && !L->f8);
