@@ -171,6 +171,14 @@ __device__ __forceinline__ float2 rope_cs(double theta)
     return make_float2(cs, sn);
 }
 
+/* The rotated pair (a, b) by (c, s) = m * (cos, sin)(theta): (a*c - b*s, a*s + b*c), each with one
+ * rounding of the product and one of the fma (lmk.h's formula; rope's and attn_prologue's kernels
+ * all rotate here, so the two ops round alike). */
+__device__ __forceinline__ float2 rotate2(float a, float b, float c, float s)
+{
+    return make_float2(fmaf(a, c, -b * s), fmaf(a, s, b * c));
+}
+
 /* Programmatic dependent launch (sm_90 and later; docs/cuda_notes.md). Where the host launches with
  * programmatic stream serialization (lmk_cuda_device.pdl), a kernel may start while the previous
  * kernel of the stream is still finishing. Every kernel calls this before its first global memory

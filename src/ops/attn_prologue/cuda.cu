@@ -524,6 +524,30 @@ __device__ __forceinline__ uint32_t copy_at(const Kind &g, uint32_t c, uint32_t 
     return (c < g.nc1 ? g.c1 : g.c2) + c * ve;
 }
 
+/* Where item `item` of a row keeps its two units (element offsets oa, ob) and whether it has each:
+ * a pair item's a at item * ustep and b pstride on (NORMAL's whole pairs: a only); a copy item's
+ * copy units c and c + nch (c = item - npu; the second only when c + nch < nc); nothing past the
+ * row's items. */
+struct ItemUnits {
+    uint32_t oa, ob;
+    bool ha, hb;
+};
+
+template <int VE>
+__device__ __forceinline__ ItemUnits item_units(const ApParams &p, const Kind &g, uint32_t item)
+{
+    ItemUnits u{0, 0, false, false};
+    if (item < g.npu) {
+        u.oa = item * p.ustep, u.ob = u.oa + p.pstride;
+        u.ha = true, u.hb = !p.il;
+    } else if (item < g.items) {
+        const uint32_t c = item - g.npu;
+        u.oa = copy_at(g, c, VE), u.ob = copy_at(g, c + g.nch, VE);
+        u.ha = true, u.hb = c + g.nch < g.nc;
+    }
+    return u;
+}
+
 /* Loads the items base + u*L (u < U) of a row into a, b (zero where there is none). */
 template <int ES, int VE, int U>
 __device__ __forceinline__ void load_items(const ApParams &p, const Kind &g, const unsigned char *in, uint32_t base,
@@ -531,19 +555,12 @@ __device__ __forceinline__ void load_items(const ApParams &p, const Kind &g, con
 {
 #pragma unroll
     for (int u = 0; u < U; u++) {
-        const uint32_t item = base + u * L;
+        const ItemUnits iu = item_units<VE>(p, g, base + u * L);
         a[u] = Raw<VE * ES>{}, b[u] = Raw<VE * ES>{};
-        if (item < g.npu) {
-            const uint32_t off = item * p.ustep;
-            a[u] = load<VE * ES>(in + (size_t)off * ES);
-            if (!p.il)
-                b[u] = load<VE * ES>(in + (size_t)(off + p.pstride) * ES);
-        } else if (item < g.items) {
-            const uint32_t c = item - g.npu;
-            a[u] = load<VE * ES>(in + (size_t)copy_at(g, c, VE) * ES);
-            if (c + g.nch < g.nc)
-                b[u] = load<VE * ES>(in + (size_t)copy_at(g, c + g.nch, VE) * ES);
-        }
+        if (iu.ha)
+            a[u] = load<VE * ES>(in + (size_t)iu.oa * ES);
+        if (iu.hb)
+            b[u] = load<VE * ES>(in + (size_t)iu.ob * ES);
     }
 }
 
@@ -603,8 +620,9 @@ __device__ __forceinline__ void rotate_half(const ApParams &p, const Dst &d, con
             const float4 q = *reinterpret_cast<const float4 *>(cs + item * VE + e);
             c0 = q.x, s0 = q.y, c1 = q.z, s1 = q.w;
         }
-        acc2<DT, VE, F8, EXACT>(p, d, oa, e, fmaf(xa.x, c0, -xb.x * s0), fmaf(xa.y, c1, -xb.y * s1));
-        acc2<DT, VE, F8, EXACT>(p, d, ob, e, fmaf(xa.x, s0, xb.x * c0), fmaf(xa.y, s1, xb.y * c1));
+        const float2 r0 = rotate2(xa.x, xb.x, c0, s0), r1 = rotate2(xa.y, xb.y, c1, s1);
+        acc2<DT, VE, F8, EXACT>(p, d, oa, e, r0.x, r1.x);
+        acc2<DT, VE, F8, EXACT>(p, d, ob, e, r0.y, r1.y);
     }
 }
 
@@ -617,7 +635,8 @@ __device__ __forceinline__ void rotate_il(const ApParams &p, const Dst &d, const
 #pragma unroll
     for (int e = 0; e < VE; e += 2) {
         const float2 x = normed2<DT, VE, W>(a, e, w, rn, off), q = cs[item * (VE / 2) + e / 2];
-        acc2<DT, VE, F8, EXACT>(p, d, o, e, fmaf(x.x, q.x, -x.y * q.y), fmaf(x.x, q.y, x.y * q.x));
+        const float2 r = rotate2(x.x, x.y, q.x, q.y);
+        acc2<DT, VE, F8, EXACT>(p, d, o, e, r.x, r.y);
     }
 }
 
@@ -795,20 +814,17 @@ __device__ __forceinline__ void emit_mixed(const ApParams &p, const Kind &g, con
                                            const Raw<VE * Elem<DT>::size> &b)
 {
     const bool pair = item < g.npu;
-    const uint32_t c = item - g.npu; /* used only when !pair */
-    const uint32_t oa = pair ? item * p.ustep : copy_at(g, c, VE);
-    const uint32_t ob = pair ? oa + p.pstride : copy_at(g, c + g.nch, VE);
-    const bool two = pair || c + g.nch < g.nc;
+    const ItemUnits iu = item_units<VE>(p, g, item);
+    const uint32_t oa = iu.oa, ob = iu.ob;
     const float2 *q = cs + (pair ? item * VE : 0);
     Acc<DT, VE> ra{}, rb{};
 #pragma unroll
     for (int e = 0; e < VE; e += 2) {
         const float2 xa = normed2<DT, VE, W>(a, e, w, rn, oa), xb = normed2<DT, VE, W>(b, e, w, rn, ob);
         const float4 t = *reinterpret_cast<const float4 *>(q + e); /* (c, s) of two pairs */
-        const float a0 = fmaf(xa.x, t.x, -xb.x * t.y), a1 = fmaf(xa.y, t.z, -xb.y * t.w);
-        const float b0 = fmaf(xa.x, t.y, xb.x * t.x), b1 = fmaf(xa.y, t.w, xb.y * t.z);
-        acc2<DT, VE, F8, false>(p, d, ra, e, pair ? a0 : xa.x, pair ? a1 : xa.y);
-        acc2<DT, VE, F8, false>(p, d, rb, e, pair ? b0 : xb.x, pair ? b1 : xb.y);
+        const float2 r0 = rotate2(xa.x, xb.x, t.x, t.y), r1 = rotate2(xa.y, xb.y, t.z, t.w);
+        acc2<DT, VE, F8, false>(p, d, ra, e, pair ? r0.x : xa.x, pair ? r1.x : xa.y);
+        acc2<DT, VE, F8, false>(p, d, rb, e, pair ? r0.y : xb.x, pair ? r1.y : xb.y);
     }
     if constexpr (!W) { /* emit_copy's put_raw: the input's words, f8 codes of its values */
         if (!pair)
@@ -819,7 +835,7 @@ __device__ __forceinline__ void emit_mixed(const ApParams &p, const Kind &g, con
         return;
     }
     put<DT, VE, F8>(d, oa, ra);
-    if (two)
+    if (iu.hb) /* a pair item's b unit (MIX rows are half-split), or a copy item's second */
         put<DT, VE, F8>(d, ob, rb);
 }
 
@@ -1294,19 +1310,9 @@ __device__ __forceinline__ void stage_items(const ApParams &p, const Kind &g, co
     const uint32_t tid = threadIdx.x, nthr = blockDim.x;
 #pragma unroll
     for (int u = 0; u < U; u++) {
-        const uint32_t item = base + u * L;
-        uint32_t oa = 0, ob = 0;
-        bool ha = false, hb = false;
-        if (item < g.npu) {
-            oa = item * p.ustep, ob = oa + p.pstride;
-            ha = true, hb = !p.il;
-        } else if (item < g.items) {
-            const uint32_t c = item - g.npu;
-            oa = copy_at(g, c, VE), ob = copy_at(g, c + g.nch, VE);
-            ha = true, hb = c + g.nch < g.nc;
-        }
-        stage16(st + ((2 * u) * nthr + tid) * 16, ha ? in + (size_t)oa * ES : in, ha, p.pl.fetch256);
-        stage16(st + ((2 * u + 1) * nthr + tid) * 16, hb ? in + (size_t)ob * ES : in, hb, p.pl.fetch256);
+        const ItemUnits iu = item_units<VE>(p, g, base + u * L);
+        stage16(st + ((2 * u) * nthr + tid) * 16, iu.ha ? in + (size_t)iu.oa * ES : in, iu.ha, p.pl.fetch256);
+        stage16(st + ((2 * u + 1) * nthr + tid) * 16, iu.hb ? in + (size_t)iu.ob * ES : in, iu.hb, p.pl.fetch256);
     }
 }
 

@@ -381,8 +381,8 @@ __device__ __forceinline__ void rotate_store(const Raw<VE * Elem<DT>::size> &ra,
         for (int k = 0; k < NP; k++) {
             const float a = elem<DT, VE>(ra, 2 * k);
             const float b = elem<DT, VE>(ra, 2 * k + 1);
-            o[2 * k] = fmaf(a, c[k], -b * sn[k]);
-            o[2 * k + 1] = fmaf(a, sn[k], b * c[k]);
+            const float2 r = rotate2(a, b, c[k], sn[k]);
+            o[2 * k] = r.x, o[2 * k + 1] = r.y;
         }
         store<VE * ES>(out, pack<DT, VE>(o));
     } else {
@@ -391,8 +391,8 @@ __device__ __forceinline__ void rotate_store(const Raw<VE * Elem<DT>::size> &ra,
         for (int e = 0; e < VE; e++) {
             const float a = elem<DT, VE>(ra, e);
             const float b = elem<DT, VE>(rb, e);
-            oa[e] = fmaf(a, c[e], -b * sn[e]);
-            ob[e] = fmaf(a, sn[e], b * c[e]);
+            const float2 r = rotate2(a, b, c[e], sn[e]);
+            oa[e] = r.x, ob[e] = r.y;
         }
         store<VE * ES>(out, pack<DT, VE>(oa));
         store<VE * ES>(out + stride_b, pack<DT, VE>(ob));
