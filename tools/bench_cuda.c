@@ -149,14 +149,62 @@ done:
     return st;
 }
 
+enum { CEIL_MAX_SETS = 64, CEIL_REPS = 31 };
+
+/* The median seconds of one copy of `bytes` (a graph of `inner` back-to-back copies rotating among
+ * `sets` buffer pairs, CEIL_REPS timed replays after three untimed), each copy made of cudaMemcpyAsync
+ * calls of at most `piece` bytes. */
+static cudaError_t time_copies(cudaStream_t h, void *const *src, void *const *dst, size_t sets, size_t bytes,
+                               size_t piece, int inner, double *sec)
+{
+    cudaEvent_t ev[2] = {NULL, NULL};
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    double samples[CEIL_REPS];
+    cudaError_t e = cudaStreamBeginCapture(h, cudaStreamCaptureModeThreadLocal);
+    if (e == cudaSuccess) {
+        for (int i = 0; i < inner && e == cudaSuccess; i++)
+            for (size_t o = 0; o < bytes && e == cudaSuccess; o += piece)
+                e = cudaMemcpyAsync((char *)dst[(size_t)i % sets] + o, (const char *)src[(size_t)i % sets] + o,
+                                    bytes - o < piece ? bytes - o : piece, cudaMemcpyDeviceToDevice, h);
+        const cudaError_t e2 = cudaStreamEndCapture(h, &graph); /* ends the capture even after a failure */
+        if (e == cudaSuccess)
+            e = e2;
+    }
+    if (e == cudaSuccess && (e = cudaGraphInstantiate(&exec, graph, 0)) == cudaSuccess &&
+        (e = cudaEventCreate(&ev[0])) == cudaSuccess && (e = cudaEventCreate(&ev[1])) == cudaSuccess) {
+        for (int r = -3; r < CEIL_REPS && e == cudaSuccess; r++) { /* three untimed replays first */
+            float ms = 0;
+            if ((e = cudaEventRecord(ev[0], h)) == cudaSuccess && (e = cudaGraphLaunch(exec, h)) == cudaSuccess &&
+                (e = cudaEventRecord(ev[1], h)) == cudaSuccess && (e = cudaEventSynchronize(ev[1])) == cudaSuccess &&
+                (e = cudaEventElapsedTime(&ms, ev[0], ev[1])) == cudaSuccess && r >= 0)
+                samples[r] = 1e-3 * (double)ms / inner;
+        }
+    }
+    if (e == cudaSuccess)
+        *sec = median(samples, CEIL_REPS);
+    if (exec)
+        (void)cudaGraphExecDestroy(exec);
+    if (graph)
+        (void)cudaGraphDestroy(graph);
+    for (int i = 0; i < 2; i++)
+        if (ev[i])
+            (void)cudaEventDestroy(ev[i]);
+    return e;
+}
+
 /* The ceiling is timed exactly as the ops are (lmk bench replays a graph of back-to-back calls):
  * a graph of `inner` back-to-back device-to-device copies, rotating among buffer sets, replayed
- * REPS times. Timing one copy per event pair instead would charge each copy a launch gap that the
- * ops do not pay, and put the ceiling below what the ops reach. */
+ * CEIL_REPS times. Timing one copy per event pair instead would charge each copy a launch gap that the
+ * ops do not pay, and put the ceiling below what the ops reach. Copies above 64 MiB are timed
+ * twice, whole and as 64 MiB cudaMemcpyAsync pieces, and the faster counts: on the H200 one
+ * cudaMemcpyAsync of a few hundred MB ran at either ~4.2 or ~2.7 TB/s depending on the buffers
+ * (not on the size alone: 528 MiB fast, 536 MiB slow, 435998720 bytes slow where 435 MiB was
+ * fast), while 64 MiB pieces of the same copies ran at 4.03-4.07 every time (docs/bench.md). */
 lmk_status bench_cuda_copy_ceiling(lmk_stream *s, int ordinal, size_t bytes, double *bytes_per_s)
 {
     static const char *const me = "bench_cuda_copy_ceiling";
-    enum { MAX_SETS = 64, REPS = 31 };
+    const size_t piece = (size_t)64 << 20;
     cudaStream_t h = 0;
     lmk_status st = bench_stream(s, ordinal, me, &h);
     if (st != LMK_OK)
@@ -165,60 +213,39 @@ lmk_status bench_cuda_copy_ceiling(lmk_stream *s, int ordinal, size_t bytes, dou
         return tst_fail(LMK_ERR_INVALID_ARGUMENT, "%s: bytes_per_s must be set and bytes > 0", me);
     /* Copy a whole number of 4 KiB pages: on the H200 a 100.9 MB copy ran at 2.7 TB/s when its size
      * carried the 32 KB of a rope case's positions, against 4.0 TB/s for round sizes, which made
-     * ops "beat" their ceiling by 1.4x. The bandwidth is per byte, so the rounding costs nothing. */
+     * ops "beat" their ceiling by 1.4x. The bandwidth is per byte, so the rounding costs nothing.
+     * (Round sizes can hit the same slow form: the 64 MiB pieces below are what avoid it.) */
     if (bytes >= ((size_t)1 << 20))
         bytes &= ~(size_t)4095;
 
     int l2 = 0;
     (void)cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, ordinal);
     size_t sets = (4 * (size_t)(l2 > 0 ? l2 : 0) + 2 * bytes - 1) / (2 * bytes);
-    sets = sets < 1 ? 1 : sets > MAX_SETS ? MAX_SETS : sets;
+    sets = sets < 1 ? 1 : sets > CEIL_MAX_SETS ? CEIL_MAX_SETS : sets;
     const int inner = bytes < ((size_t)1 << 20) ? 100 : 10;
 
-    void *src[MAX_SETS] = {0}, *dst[MAX_SETS] = {0};
-    cudaEvent_t ev[2] = {NULL, NULL};
-    cudaGraph_t graph = NULL;
-    cudaGraphExec_t exec = NULL;
-    double samples[REPS];
+    void *src[CEIL_MAX_SETS] = {0}, *dst[CEIL_MAX_SETS] = {0};
     cudaError_t e = cudaSuccess;
     for (size_t i = 0; i < sets && e == cudaSuccess; i++) {
         if ((e = cudaMalloc(&src[i], bytes)) == cudaSuccess && (e = cudaMalloc(&dst[i], bytes)) == cudaSuccess)
             e = cudaMemsetAsync(src[i], 0x5a, bytes, h); /* never time copies of untouched pages */
     }
-    if (e == cudaSuccess && (e = cudaStreamBeginCapture(h, cudaStreamCaptureModeThreadLocal)) == cudaSuccess) {
-        for (int i = 0; i < inner && e == cudaSuccess; i++)
-            e = cudaMemcpyAsync(dst[(size_t)i % sets], src[(size_t)i % sets], bytes, cudaMemcpyDeviceToDevice, h);
-        const cudaError_t e2 = cudaStreamEndCapture(h, &graph); /* ends the capture even after a failure */
-        if (e == cudaSuccess)
-            e = e2;
-    }
-    if (e == cudaSuccess && (e = cudaGraphInstantiate(&exec, graph, 0)) == cudaSuccess &&
-        (e = cudaEventCreate(&ev[0])) == cudaSuccess && (e = cudaEventCreate(&ev[1])) == cudaSuccess) {
-        for (int r = -3; r < REPS && e == cudaSuccess; r++) { /* three untimed replays first */
-            float ms = 0;
-            if ((e = cudaEventRecord(ev[0], h)) == cudaSuccess && (e = cudaGraphLaunch(exec, h)) == cudaSuccess &&
-                (e = cudaEventRecord(ev[1], h)) == cudaSuccess && (e = cudaEventSynchronize(ev[1])) == cudaSuccess &&
-                (e = cudaEventElapsedTime(&ms, ev[0], ev[1])) == cudaSuccess && r >= 0)
-                samples[r] = 1e-3 * (double)ms / inner;
-        }
-    }
+    double sec = 0, sec_pieces = 0;
+    if (e == cudaSuccess)
+        e = time_copies(h, src, dst, sets, bytes, bytes, inner, &sec);
+    if (e == cudaSuccess && bytes > piece && (e = time_copies(h, src, dst, sets, bytes, piece, inner, &sec_pieces)) ==
+                                                 cudaSuccess && sec_pieces < sec)
+        sec = sec_pieces;
     if (e != cudaSuccess)
         st = cuda_err(e, "bench_cuda_copy_ceiling");
     else
-        *bytes_per_s = 2.0 * (double)bytes / median(samples, REPS);
-    if (exec)
-        (void)cudaGraphExecDestroy(exec);
-    if (graph)
-        (void)cudaGraphDestroy(graph);
+        *bytes_per_s = 2.0 * (double)bytes / sec;
     for (size_t i = 0; i < sets; i++) {
         if (src[i])
             (void)cudaFree(src[i]);
         if (dst[i])
             (void)cudaFree(dst[i]);
     }
-    for (int i = 0; i < 2; i++)
-        if (ev[i])
-            (void)cudaEventDestroy(ev[i]);
     return st;
 }
 
