@@ -62,6 +62,7 @@ struct cpu_pool {
     lmk_cpu_isa isa;
     int n_threads;         /* caller + workers */
     int n_started;         /* workers actually running (rollback joins only these) */
+    int n_ready;           /* under mu: workers that have reached worker_main (pool_start_workers) */
     pid_t pid;             /* the process the workers and synchronisation objects belong to */
     int sync_ok;           /* mu, wake and done are initialised (0 only in a fork child that
                               could not re-create them) */
@@ -69,7 +70,7 @@ struct cpu_pool {
                               on the calling thread alone */
     pthread_mutex_t mu;
     pthread_cond_t wake;   /* a job was published, or quit */
-    pthread_cond_t done;   /* the last worker of a job finished */
+    pthread_cond_t done;   /* the last worker of a job finished, or a worker started */
     atomic_ulong gen;      /* bumped once per published job (release: the job fields below) */
     atomic_int busy;       /* workers of the current job still running */
     int quit;              /* under mu */
@@ -287,6 +288,10 @@ static void *worker_main(void *arg)
     /* A new thread inherits its creator's environment (e.g. fesetround or FTZ set by the thread
      * that created the stream); a worker runs only ops, under the default one. */
     fesetenv(FE_DFL_ENV);
+    pthread_mutex_lock(&p->mu);
+    p->n_ready++;
+    pthread_cond_signal(&p->done);
+    pthread_mutex_unlock(&p->mu);
     unsigned long seen = 0;
     for (;;) {
         unsigned long g = atomic_load_explicit(&p->gen, memory_order_acquire);
@@ -350,6 +355,14 @@ static int pool_start_workers(cpu_pool *p)
             p->n_started++;
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
+    /* Return only once every started worker runs worker_main: a thread still starting may hold a
+     * lock of the C runtime (clang 14's AddressSanitizer frees memory in its thread set-up, under
+     * its allocator's lock), and a fork() taken then would hand the child that lock held forever
+     * (tests/test_faults.c's fork cases hung one run in ~15 under ASan before this wait). */
+    pthread_mutex_lock(&p->mu);
+    while (p->n_ready < p->n_started)
+        pthread_cond_wait(&p->done, &p->mu);
+    pthread_mutex_unlock(&p->mu);
     return err;
 }
 
@@ -362,7 +375,7 @@ static void pool_stop_workers(cpu_pool *p)
     pthread_mutex_unlock(&p->mu);
     for (int i = 0; i < p->n_started; i++)
         pthread_join(p->workers[i].thread, NULL);
-    p->n_started = 0;
+    p->n_started = p->n_ready = 0;
 }
 
 /* Whether the pool was made by another process: this is a fork child, and the workers the pool
@@ -381,6 +394,7 @@ static void pool_adopt(cpu_pool *p)
 {
     p->pid = current_pid();
     p->n_started = 0;
+    p->n_ready = 0;
     p->quit = 0;
     p->solo = 0;
     p->sync_ok = 0;
