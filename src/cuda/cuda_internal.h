@@ -2,7 +2,9 @@
  * cuda_internal.h - what the CUDA backend's files share: the device and stream state behind
  * lmk_device.impl / lmk_stream.impl, the "make this device current" helper every entry point calls,
  * the error helper that turns a cudaError_t into an lmk status, and the op launchers that the
- * backend table in cuda_backend.cu points at. C++ (nvcc) only.
+ * backend table in cuda_backend.cu points at. The backend's files are C++ (nvcc); the device and
+ * stream structs and the inline helpers also compile as C, for tests that describe a device
+ * (cuda_route.h). The launchers have C++ linkage and are declared for C++ only.
  */
 #ifndef LMK_CUDA_INTERNAL_H
 #define LMK_CUDA_INTERNAL_H
@@ -62,10 +64,12 @@ static inline lmk_status lmk_cuda_use(int ordinal, const char *what)
  * launch. The preloads load every kernel instantiation of the op into the current device's context
  * (device open calls them), so no launch, captured or not, pays for lazy module loading, and a GPU
  * that this build has no code for is reported at open rather than at the first op. */
+#ifdef __cplusplus
 #define LMK_CUDA_OP_DECL(name)                                                  \
     LMK_INTERNAL lmk_status lmk_cuda_##name(lmk_stream *s, const void *args); \
     LMK_INTERNAL cudaError_t lmk_cuda_##name##_preload(void);
 LMK_OPS(LMK_CUDA_OP_DECL)
 #undef LMK_CUDA_OP_DECL
+#endif
 
 #endif /* LMK_CUDA_INTERNAL_H */

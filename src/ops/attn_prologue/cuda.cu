@@ -74,6 +74,8 @@
  * warp would run the pair code and the copy code one after the other; the decode kernel and the
  * prefill kernel without an f8 cache have MIX instantiations in which every lane runs one path for
  * both (emit_mixed), taken where they were measured faster (LaunchPlan.mix, plan_launch; version 10).
+ * plan_call makes every one of these choices, for the launch and for lmk_cuda_attn_prologue_route
+ * (cuda_route.h), through which tests/test_cuda_routing.c checks them on the model shapes.
  *
  * Launches use programmatic dependent launch where the device allows it (lmk_cuda_device.pdl,
  * kernel_common.cuh): a launch may start while the previous kernel of the stream finishes, and
@@ -88,6 +90,7 @@
  */
 #include "core/f8.h"
 #include "cuda/cuda_internal.h"
+#include "cuda/cuda_route.h"
 #include "cuda/kernel_common.cuh"
 #include "ops/attn_prologue/attn_prologue.h"
 #include "ops/rope/rope_common.h"
@@ -2084,16 +2087,12 @@ void plan_launch(ApParams *p, int sm_count, bool units16, LaunchPlan *L)
     L->mix = mixed_rows && (L->decode ? L->f8 || pl.n_blocks <= sms : L->stream && !L->f8);
 }
 
-} /* namespace */
-
-lmk_status lmk_cuda_attn_prologue(lmk_stream *s, const void *args)
+/* The whole plan of a call: parameters, unit width, CHUNK, the launch. Both lmk_cuda_attn_prologue
+ * and lmk_cuda_attn_prologue_route plan through here. */
+lmk_status plan_call(const lmk_attn_prologue_args *a, const lmk_cuda_device *d, ApParams *p, LaunchPlan *L,
+                     uint32_t *ve_out, bool *chunk)
 {
     static const char op[] = "attn_prologue";
-    const lmk_attn_prologue_args *a = (const lmk_attn_prologue_args *)args;
-    const lmk_cuda_device *d = lmk_cuda_dev(s->dev);
-    lmk_status st = lmk_cuda_use(d->ordinal, "attn_prologue: cudaSetDevice");
-    if (st != LMK_OK)
-        return st;
     const lmk_rope_args *r = &a->rope;
     if (r->head_dim > kMaxDim || a->v_dim > kMaxDim)
         return lmk_fail(LMK_ERR_UNSUPPORTED, "%s: head_dim (%u) and Dv (%u) must be <= %u on CUDA", op, r->head_dim,
@@ -2102,27 +2101,66 @@ lmk_status lmk_cuda_attn_prologue(lmk_stream *s, const void *args)
     if (rows > 0x7fffffffu) /* rows of a token are 32-bit in the kernel; validation bounds heads by memory */
         return lmk_fail(LMK_ERR_UNSUPPORTED, "%s: %llu heads per token (q, k and v) exceed the CUDA kernel's limit of "
                         "2^31 - 1", op, (unsigned long long)rows);
-    ApParams p{};
-    plan_operands(a, &p);
+    plan_operands(a, p);
     uint32_t ve = plan_units(a);
-    plan_kinds(a, ve, &p);
-    bool chunk;
-    LaunchPlan L;
-    plan_team(&p, ve == 1 ? (r->dtype == LMK_F32 ? kItems<4> : kItems<2>) : kItems<16>, r->seq_len, d->sm_count,
-              r->dtype != LMK_F32, ve > 1, &chunk, &L.decode);
-    if (L.decode)
-        ve = plan_decode_units(a, ve, &p);
-    plan_angles(&r->angle, &p.a);
-    p.pl.seq = r->seq_len;
-    plan_launch(&p, d->sm_count, ve > 1 && !chunk, &L);
-    L.pdl = d->pdl;
-    if (L.smem > (chunk ? kChunkSmem : 48 * 1024)) /* cannot happen for head_dim, Dv <= 4096 */
+    plan_kinds(a, ve, p);
+    plan_team(p, ve == 1 ? (r->dtype == LMK_F32 ? kItems<4> : kItems<2>) : kItems<16>, r->seq_len, d->sm_count,
+              r->dtype != LMK_F32, ve > 1, chunk, &L->decode);
+    if (L->decode)
+        ve = plan_decode_units(a, ve, p);
+    plan_angles(&r->angle, &p->a);
+    p->pl.seq = r->seq_len;
+    plan_launch(p, d->sm_count, ve > 1 && !*chunk, L);
+    L->pdl = d->pdl;
+    if (L->smem > (*chunk ? kChunkSmem : 48 * 1024)) /* cannot happen for head_dim, Dv <= 4096 */
         return lmk_fail(LMK_ERR_UNSUPPORTED, "%s: %zu bytes of shared memory exceed the CUDA kernel's limit", op,
-                        L.smem);
-    const cudaError_t e = launch_dtype(r->dtype, ve, chunk, p, L, lmk_cuda_stream_of(s));
+                        L->smem);
+    *ve_out = ve;
+    return LMK_OK;
+}
+
+} /* namespace */
+
+lmk_status lmk_cuda_attn_prologue(lmk_stream *s, const void *args)
+{
+    const lmk_attn_prologue_args *a = (const lmk_attn_prologue_args *)args;
+    const lmk_cuda_device *d = lmk_cuda_dev(s->dev);
+    lmk_status st = lmk_cuda_use(d->ordinal, "attn_prologue: cudaSetDevice");
+    if (st != LMK_OK)
+        return st;
+    ApParams p{};
+    LaunchPlan L;
+    uint32_t ve = 0;
+    bool chunk = false;
+    if ((st = plan_call(a, d, &p, &L, &ve, &chunk)) != LMK_OK)
+        return st;
+    const cudaError_t e = launch_dtype(a->rope.dtype, ve, chunk, p, L, lmk_cuda_stream_of(s));
     return e == cudaSuccess ? LMK_OK
                             : lmk_cuda_fail(e, L.stream ? "attn_prologue: kernel launch (or its occupancy query)"
                                                         : "attn_prologue: kernel launch");
+}
+
+extern "C" lmk_status lmk_cuda_attn_prologue_route(const lmk_cuda_device *d, const lmk_attn_prologue_args *a,
+                                                   lmk_cuda_route *r)
+{
+    ApParams p{};
+    LaunchPlan L;
+    uint32_t ve = 0;
+    bool chunk = false;
+    const lmk_status st = plan_call(a, d, &p, &L, &ve, &chunk);
+    if (st != LMK_OK)
+        return st;
+    *r = lmk_cuda_route{};
+    r->kernel = L.decode ? "prologue_decode_kernel" : L.stream ? "prologue_stream_kernel" : "prologue_kernel";
+    const uint32_t es = a->rope.dtype == LMK_F32 ? 4 : 2;
+    r->unit_bytes = ve * es;
+    r->mix = L.mix;
+    r->ahead = L.stream && L.ahead;
+    r->chunk = chunk;
+    r->blocks = L.blocks.x * L.blocks.y * L.blocks.z;
+    r->threads = L.threads.x;
+    r->smem = L.smem;
+    return LMK_OK;
 }
 
 cudaError_t lmk_cuda_attn_prologue_preload(void)

@@ -73,9 +73,11 @@
  * waits for it before its first memory access (run 10: decode 2.1 -> 1.4 us per call in a graph).
  * Everything a launch needs travels by value in RopeParams (the bulk kernel's in BulkParams, with
  * its tensor maps; no allocation, no copy, no sync): a call can be captured into a CUDA graph.
- * lmk_cuda_rope plans in named steps: plan_units (VE and layout), plan_geometry (rows, strides,
+ * for_each_launch plans in named steps: plan_units (VE and layout), plan_geometry (rows, strides,
  * untouched ranges), then per slice of pairs plan_slice, plan_angles (the angle constants), and
- * plan_decode, plan_bulk, plan_rows or plan_pairs (the launch shape).
+ * plan_decode, plan_bulk, plan_rows or plan_pairs (the launch shape). lmk_cuda_rope launches its
+ * plans; lmk_cuda_rope_route (cuda_route.h) reports them, and tests/test_cuda_routing.c checks
+ * the kernel each model shape takes.
  *
  * Precision (lmk.h: f32 within 1e-5 * max(1, m) of float64 for |x| <= 2 and |angle| <= 2^20): the
  * angle is pos * freq in float64 and reduced by k*pi/2 in float64 (exact to ~1e-16 for |theta| <=
@@ -84,6 +86,7 @@
  * results within one ulp. A non-finite angle (a freq_factor of 0 or inf) gives NaN, as cos(inf).
  */
 #include "cuda/cuda_internal.h"
+#include "cuda/cuda_route.h"
 #include "cuda/kernel_common.cuh"
 #include "ops/rope/rope.h"
 #include "ops/rope/rope_common.h"
@@ -1417,23 +1420,18 @@ bool plan_bulk(const lmk_rope_args *a, const Geom &g, uint32_t nb, const lmk_cud
     return true;
 }
 
-} /* namespace */
-
-/* One launch per slice of kSlicePairs pairs (one for rope_dim <= 256), each planned from scratch:
- * every launch is a pure function of its parameters, so slices never depend on each other. */
-lmk_status lmk_cuda_rope(lmk_stream *s, const void *args)
+/* The plans of a call's launches, one per slice of kSlicePairs pairs (one for rope_dim <= 256), each
+ * planned from scratch: every launch is a pure function of its parameters, so slices never depend
+ * on each other. Calls f(P, L, ve, il) for each in order and stops at the first status f returns
+ * that is not LMK_OK. Both lmk_cuda_rope and lmk_cuda_rope_route plan through here. */
+template <typename F> lmk_status for_each_launch(const lmk_rope_args *a, const lmk_cuda_device *d, F &&f)
 {
-    const lmk_rope_args *a = (const lmk_rope_args *)args;
-    const lmk_cuda_device *d = lmk_cuda_dev(s->dev);
-    lmk_status st = lmk_cuda_use(d->ordinal, "rope: cudaSetDevice");
-    if (st != LMK_OK)
-        return st;
     bool il;
     const uint32_t ve = plan_units(a, &il), ppu = il ? ve / 2 : ve, half = a->rope_dim / 2;
     BulkParams P{};
     RopeParams &p = P.r;
     uint32_t nc_row;
-    st = plan_geometry(a, ve, il, &p.g, &nc_row);
+    lmk_status st = plan_geometry(a, ve, il, &p.g, &nc_row);
     for (uint32_t p0 = 0; st == LMK_OK && p0 < half; p0 += kSlicePairs) {
         const uint32_t n = half - p0 < kSlicePairs ? half - p0 : kSlicePairs;
         plan_slice(&p.g, p0, n, ppu, nc_row);
@@ -1448,11 +1446,48 @@ lmk_status lmk_cuda_rope(lmk_stream *s, const void *args)
         else
             plan_pairs(p.g, a->seq_len, d->sm_count, &p.pp, &L);
         L.pdl = d->pdl;
-        const cudaError_t e = launch_dtype(a->dtype, ve, il, P, L, lmk_cuda_stream_of(s));
-        if (e != cudaSuccess)
-            st = lmk_cuda_fail(e, "rope: kernel launch");
+        st = f(P, L, ve, il);
     }
     return st;
+}
+
+} /* namespace */
+
+lmk_status lmk_cuda_rope(lmk_stream *s, const void *args)
+{
+    const lmk_rope_args *a = (const lmk_rope_args *)args;
+    const lmk_cuda_device *d = lmk_cuda_dev(s->dev);
+    lmk_status st = lmk_cuda_use(d->ordinal, "rope: cudaSetDevice");
+    if (st != LMK_OK)
+        return st;
+    const cudaStream_t h = lmk_cuda_stream_of(s);
+    return for_each_launch(a, d, [&](const BulkParams &P, const LaunchPlan &L, uint32_t ve, bool il) {
+        const cudaError_t e = launch_dtype(a->dtype, ve, il, P, L, h);
+        return e == cudaSuccess ? LMK_OK : lmk_cuda_fail(e, "rope: kernel launch");
+    });
+}
+
+extern "C" int lmk_cuda_rope_route(const lmk_cuda_device *d, const lmk_rope_args *a, lmk_cuda_route *r, int max)
+{
+    static const char *const names[] = {"rope_decode_kernel", "rope_rows_kernel", "rope_pairs_kernel",
+                                        "rope_bulk_kernel"};
+    int n = 0;
+    const lmk_status st =
+        for_each_launch(a, d, [&](const BulkParams &P, const LaunchPlan &L, uint32_t ve, bool) {
+            if (n < max) {
+                lmk_cuda_route *o = &r[n];
+                *o = lmk_cuda_route{};
+                o->kernel = names[L.kind];
+                o->unit_bytes = ve * (a->dtype == LMK_F32 ? 4 : 2);
+                o->maps = L.kind == K_BULK && uses_maps(P.r.bp);
+                o->blocks = L.blocks.x * L.blocks.y * L.blocks.z;
+                o->threads = L.threads.x * L.threads.y * L.threads.z;
+                o->smem = L.smem;
+            }
+            n++;
+            return LMK_OK;
+        });
+    return st == LMK_OK ? n : -1;
 }
 
 cudaError_t lmk_cuda_rope_preload(void)
