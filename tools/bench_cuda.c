@@ -151,51 +151,32 @@ done:
 
 enum { CEIL_MAX_SETS = 64, CEIL_REPS = 31 };
 
-/* The median seconds of one copy of `bytes` (a graph of `inner` back-to-back copies rotating among
- * `sets` buffer pairs, CEIL_REPS timed replays after three untimed), each copy made of cudaMemcpyAsync
- * calls of at most `piece` bytes. */
-static cudaError_t time_copies(cudaStream_t h, void *const *src, void *const *dst, size_t sets, size_t bytes,
-                               size_t piece, int inner, double *sec)
+/* One call issues one device-to-device copy of `bytes`, as cudaMemcpyAsync calls of at most `piece`
+ * bytes, from the next of `sets` buffer pairs. */
+typedef struct {
+    cudaStream_t h;
+    void *const *src, *const *dst;
+    size_t sets, bytes, piece, next;
+    const char *what; /* names the form in an error */
+} copy_ctx;
+
+static lmk_status copy_once(void *vctx)
 {
-    cudaEvent_t ev[2] = {NULL, NULL};
-    cudaGraph_t graph = NULL;
-    cudaGraphExec_t exec = NULL;
-    double samples[CEIL_REPS];
-    cudaError_t e = cudaStreamBeginCapture(h, cudaStreamCaptureModeThreadLocal);
-    if (e == cudaSuccess) {
-        for (int i = 0; i < inner && e == cudaSuccess; i++)
-            for (size_t o = 0; o < bytes && e == cudaSuccess; o += piece)
-                e = cudaMemcpyAsync((char *)dst[(size_t)i % sets] + o, (const char *)src[(size_t)i % sets] + o,
-                                    bytes - o < piece ? bytes - o : piece, cudaMemcpyDeviceToDevice, h);
-        const cudaError_t e2 = cudaStreamEndCapture(h, &graph); /* ends the capture even after a failure */
-        if (e == cudaSuccess)
-            e = e2;
+    copy_ctx *c = vctx;
+    const size_t i = c->next++ % c->sets;
+    for (size_t o = 0; o < c->bytes; o += c->piece) {
+        const cudaError_t e = cudaMemcpyAsync((char *)c->dst[i] + o, (const char *)c->src[i] + o,
+                                              c->bytes - o < c->piece ? c->bytes - o : c->piece,
+                                              cudaMemcpyDeviceToDevice, c->h);
+        if (e != cudaSuccess)
+            return cuda_err(e, c->what);
     }
-    if (e == cudaSuccess && (e = cudaGraphInstantiate(&exec, graph, 0)) == cudaSuccess &&
-        (e = cudaEventCreate(&ev[0])) == cudaSuccess && (e = cudaEventCreate(&ev[1])) == cudaSuccess) {
-        for (int r = -3; r < CEIL_REPS && e == cudaSuccess; r++) { /* three untimed replays first */
-            float ms = 0;
-            if ((e = cudaEventRecord(ev[0], h)) == cudaSuccess && (e = cudaGraphLaunch(exec, h)) == cudaSuccess &&
-                (e = cudaEventRecord(ev[1], h)) == cudaSuccess && (e = cudaEventSynchronize(ev[1])) == cudaSuccess &&
-                (e = cudaEventElapsedTime(&ms, ev[0], ev[1])) == cudaSuccess && r >= 0)
-                samples[r] = 1e-3 * (double)ms / inner;
-        }
-    }
-    if (e == cudaSuccess)
-        *sec = median(samples, CEIL_REPS);
-    if (exec)
-        (void)cudaGraphExecDestroy(exec);
-    if (graph)
-        (void)cudaGraphDestroy(graph);
-    for (int i = 0; i < 2; i++)
-        if (ev[i])
-            (void)cudaEventDestroy(ev[i]);
-    return e;
+    return LMK_OK;
 }
 
-/* The ceiling is timed exactly as the ops are (lmk bench replays a graph of back-to-back calls):
- * a graph of `inner` back-to-back device-to-device copies, rotating among buffer sets, replayed
- * CEIL_REPS times. Timing one copy per event pair instead would charge each copy a launch gap that the
+/* The ceiling is timed exactly as the ops are, by the ops' own timer (bench_cuda_time: a graph of
+ * `inner` back-to-back calls, replayed CEIL_REPS times): here each call is one device-to-device
+ * copy, rotating among buffer sets. Timing one copy per event pair instead would charge each copy a launch gap that the
  * ops do not pay, and put the ceiling below what the ops reach. Copies above 64 MiB are timed
  * twice, whole and as 64 MiB cudaMemcpyAsync pieces, and the faster counts: on the H200 one
  * cudaMemcpyAsync of a few hundred MB ran at either ~4.2 or ~2.7 TB/s depending on the buffers
@@ -231,14 +212,19 @@ lmk_status bench_cuda_copy_ceiling(lmk_stream *s, int ordinal, size_t bytes, dou
             e = cudaMemsetAsync(src[i], 0x5a, bytes, h); /* never time copies of untouched pages */
     }
     double sec = 0, sec_pieces = 0;
-    if (e == cudaSuccess)
-        e = time_copies(h, src, dst, sets, bytes, bytes, inner, &sec);
-    if (e == cudaSuccess && bytes > piece && (e = time_copies(h, src, dst, sets, bytes, piece, inner, &sec_pieces)) ==
-                                                 cudaSuccess && sec_pieces < sec)
-        sec = sec_pieces;
     if (e != cudaSuccess)
-        st = cuda_err(e, "bench_cuda_copy_ceiling");
-    else
+        st = cuda_err(e, "bench_cuda_copy_ceiling: buffers");
+    copy_ctx c = {h, src, dst, sets, bytes, bytes, 0, "bench_cuda_copy_ceiling: one cudaMemcpyAsync per copy"};
+    if (st == LMK_OK)
+        st = bench_cuda_time(s, ordinal, copy_once, &c, 3, CEIL_REPS, inner, 1, &sec);
+    if (st == LMK_OK && bytes > piece) {
+        c.piece = piece;
+        c.what = "bench_cuda_copy_ceiling: 64 MiB pieces";
+        st = bench_cuda_time(s, ordinal, copy_once, &c, 3, CEIL_REPS, inner, 1, &sec_pieces);
+        if (st == LMK_OK && sec_pieces < sec)
+            sec = sec_pieces;
+    }
+    if (st == LMK_OK)
         *bytes_per_s = 2.0 * (double)bytes / sec;
     for (size_t i = 0; i < sets; i++) {
         if (src[i])
