@@ -6,7 +6,11 @@ as lmk.h asks). CUDA arrays run on the caller's current stream of their library 
 CuPy's current stream; the legacy default stream for other producers), wrapped once per handle with
 lmk_stream_wrap_cuda and cached, so a call never synchronises and can be captured into a CUDA graph.
 Handles are never destroyed: destroying a wrapped stream waits for it, which at interpreter exit may meet a
-torn-down CUDA context. A forked child forgets its parent's handles and opens its own.
+torn-down CUDA context, and a cached handle whose cudaStream_t its owner has destroyed cannot be waited for at
+all. So the cache holds one small handle per distinct stream handle seen: bounded for PyTorch, whose streams
+come from fixed per-device pools and are never destroyed; a program that creates and destroys CuPy or raw
+streams without end keeps one handle per distinct address the driver hands out. A forked child forgets its
+parent's handles and opens its own.
 
 A Call gathers one op's arrays: it checks that they share the first array's device, turns each into an
 lmk_buffer (lmk_buffer_wrap for dense arrays; for a strided view, a wrap of the memory it spans plus
