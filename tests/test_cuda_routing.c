@@ -305,6 +305,16 @@ static const prologue_route_case k_prologue[] = {
      0, "prologue_decode_kernel", true, false, false, 8},
     {"Qwen3-8B decode bf16, in place in QKV", {P_QWEN3, .seq_len = 1}, LMK_BF16, QKV, true, true, SAME, 0, 0,
      "prologue_decode_kernel", false, false, false, 16},
+    /* test_attn_prologue's rows of an odd number of copy units, no cache: they must reach MIX */
+    {"edge: odd copy units, decode f16", {.head_dim = 72, .rope_dim = 48, .n_heads = 3, .n_k_heads = 2,
+      .freq_base = 1e4f, .mode = LMK_ROPE_IMROPE, .sections = {8, 8, 8, 0}, .seq_len = 4}, LMK_F16, DENSE, true, true,
+     NO_CACHE, 0, 0, "prologue_decode_kernel", true, false, false, 16},
+    {"edge: odd copy units, decode f32, q from q|gate", {.head_dim = 100, .rope_dim = 56, .n_heads = 6,
+      .n_k_heads = 3, .freq_base = 1e4f, .mode = LMK_ROPE_IMROPE, .sections = {10, 10, 8, 0}, .seq_len = 5},
+     LMK_F32, QGATE, false, true, NO_CACHE, 0, 0, "prologue_decode_kernel", true, false, false, 16},
+    {"edge: odd copy units, prompt f32", {.head_dim = 100, .rope_dim = 24, .n_heads = 8, .n_k_heads = 2,
+      .freq_base = 1e4f, .mode = LMK_ROPE_NEOX, .seq_len = 1024}, LMK_F32, DENSE, false, true, NO_CACHE, 0, 0,
+     "prologue_stream_kernel", true, true, false, 16},
     /* one-element units, and rows in chunks: the general kernel */
     {"Qwen3-8B prompt bf16, unaligned", {P_QWEN3, .seq_len = 4106}, LMK_BF16, DENSE, false, true, SAME, 0, 1,
      "prologue_kernel", false, false, false, 2},

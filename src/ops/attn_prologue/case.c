@@ -125,6 +125,17 @@ static const row k_rows[] = {
      "Qwen3-8B decode batch, f8 cache, calibrated scales"},
     {{LLAMA31, .pos_dtype = LMK_I64}, 37, LMK_BF16, 0, "Llama-3.1-8B (no norm)"},
     {{LLAMA31}, 5, LMK_F32, TST_CASE_CONTRACT, "Llama-3.1-8B (no norm)"},
+    /* Rows of an odd number of 16-byte copy units (the last copy item has one unit), normed, with no
+     * cache: on CUDA the k weights then end the block's shared memory, and the MIX kernels once read
+     * weights past it for the missing unit (an illegal address, test_stress). Decode and prompt. */
+    {{.p = {.head_dim = 72, .rope_dim = 48, .n_heads = 3, .n_k_heads = 2, .freq_base = 1e4f, .mode = LMK_ROPE_IMROPE,
+            .sections = {8, 8, 8, 0}}, .q_in_place = true, .k_in_place = true, .k_out = true, .norm = true,
+      .eps = 1e-6f, .weight_offset = 1.0f}, 4, LMK_F16, 0, "edge: odd copy units, weights last"},
+    {{.p = {.head_dim = 100, .rope_dim = 56, .n_heads = 6, .n_k_heads = 3, .freq_base = 1e4f, .mode = LMK_ROPE_IMROPE,
+            .sections = {10, 10, 8, 0}}, .layout = QGATE, .k_out = true, .norm = true, .eps = 1e-6f}, 5, LMK_F32, 0,
+     "edge: odd copy units, weights last"},
+    {{.p = {.head_dim = 100, .rope_dim = 24, .n_heads = 8, .n_k_heads = 2, .freq_base = 1e4f, .mode = LMK_ROPE_NEOX},
+      .k_out = true, .norm = true, .eps = 1e-6f}, 1024, LMK_F32, 0, "edge: odd copy units, weights last"},
 };
 
 static int ap_n_cases(void)

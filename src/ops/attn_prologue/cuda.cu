@@ -818,7 +818,10 @@ __device__ __forceinline__ void emit_mixed(const ApParams &p, const Kind &g, con
 {
     const bool pair = item < g.npu;
     const ItemUnits iu = item_units<VE>(p, g, item);
-    const uint32_t oa = iu.oa, ob = iu.ob;
+    /* A copy item without a second unit (a row of an odd number of copy units) forms rb from b = 0
+     * and drops it; its weights are read at oa, since iu.ob is past the row and, with the k
+     * weights last in shared memory (no slot table), past the block's allocation. */
+    const uint32_t oa = iu.oa, ob = iu.hb ? iu.ob : iu.oa;
     const float2 *q = cs + (pair ? item * VE : 0);
     Acc<DT, VE> ra{}, rb{};
 #pragma unroll
