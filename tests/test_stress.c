@@ -46,12 +46,14 @@ typedef struct worker {
     double deadline;
     long calls, per_op[16], invalid, unsupported, failures;
     char failure[768]; /* the first */
+    double failed_at;  /* when (tst_now) */
 } worker;
 
 static void fail(worker *w, const char *dev, const char *fmt, ...) LMK_PRINTF(3, 4);
 static void fail(worker *w, const char *dev, const char *fmt, ...)
 {
     if (w->failures++ == 0) {
+        w->failed_at = tst_now();
         const int n = snprintf(w->failure, sizeof w->failure, "thread %d on %s: ", w->id, dev);
         va_list ap;
         va_start(ap, fmt);
@@ -185,6 +187,7 @@ int main(void)
                           pthread_create(&tog_thread, NULL, toggler_main, &tog) == 0;
     worker sum = {0};
     const char *first = NULL;
+    double first_at = 0;
     long idle = 0;
     for (int i = 0; i < started; i++) {
         pthread_join(th[i], NULL);
@@ -195,9 +198,14 @@ int main(void)
         sum.unsupported += ws[i].unsupported;
         sum.failures += ws[i].failures;
         idle += ws[i].calls == 0;
-        if (ws[i].failures && !first)
-            first = ws[i].failure;
+        if (ws[i].failures && (!first || ws[i].failed_at < first_at))
+            first = ws[i].failure, first_at = ws[i].failed_at;
     }
+    /* A CUDA fault is sticky: every thread fails after it, and the earliest failure is the one
+     * nearest its cause. Each thread's first, with when it happened: */
+    for (int i = 0; i < started; i++)
+        if (ws[i].failures)
+            printf("stress: at %.3f s, %s\n", ws[i].failed_at - t0, ws[i].failure);
     if (toggling) {
         pthread_join(tog_thread, NULL);
         printf("stress: lmk_device_set_threads called %ld times meanwhile\n", tog.calls);
@@ -208,7 +216,7 @@ int main(void)
                  sum.per_op[o]);
     printf("stress: %d threads x %d streams on each of [%s], %.1f s: %ld calls (%s; invalid %ld), %ld failures\n",
            started, STREAMS_PER_DEV, names, tst_now() - t0, sum.calls, per_op, sum.invalid, sum.failures);
-    CHECK(sum.failures == 0, "%ld of %ld calls failed; the first: %s", sum.failures, sum.calls, first ? first : "");
+    CHECK(sum.failures == 0, "%ld of %ld calls failed; the earliest: %s", sum.failures, sum.calls, first ? first : "");
     CHECK(started == n_threads && idle == 0, "%ld of %d threads made no call", idle, started);
     if (sum.unsupported)
         SKIP("stress: %ld random cases not supported by a backend (LMK_ERR_UNSUPPORTED)", sum.unsupported);
