@@ -12,7 +12,8 @@
  * every device and, until the time runs out (LMK_STRESS_SECONDS, default 3 s, 1 s with
  * LMK_TEST_QUICK), picks an op of the registry (tst_ops) and a random valid case of it (its
  * descriptor's random_case: every mode, layout and dtype it has, one case in eight large enough
- * for the CPU worker pool), makes it on a random stream with fresh buffers, runs it and verifies
+ * for the CPU worker pool, for rope and attn_prologue a prompt long enough for CUDA's prefill
+ * kernels), makes it on a random stream with fresh buffers, runs it and verifies
  * it against the float64 reference, and every byte around its outputs. One call in ten is one of
  * the calls the op must reject: it must return LMK_ERR_INVALID_ARGUMENT with a message naming the
  * op and change no byte.
