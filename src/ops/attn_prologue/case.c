@@ -239,15 +239,16 @@ static void ap_random_case(tst_rng *r, tst_case *c)
     const lmk_dtype dt = dts[tst_rng_below(r, 3)];
     ac.cache_dtype = tst_rng_below(r, 3) == 0 ? LMK_F8E4M3 : dt;
     ac.k_in_place = ac.k_out && tst_rng_below(r, 3) == 0; /* drawn last: earlier seeds keep their cases */
-    /* One call in eight a prompt: at least 256 tokens and 8 MB of q and k rows (at most 8192
-     * tokens). CUDA takes its decode kernels while T x rows x lanes <= 2 x SMs x 256 (about 4.3 MB
-     * of q/k rows on an H200's 132 SMs), so random shapes, strides and modes also reach the prefill
-     * kernels (prologue_stream_kernel, prologue_kernel), and on the CPU the worker pool. Drawn
-     * after every other draw, so the other seven cases of eight stay what they were. */
+    /* One call in eight a prompt of about 8 MB of q and k rows (1365-65536 tokens for these
+     * dimensions). CUDA takes its decode kernel while T x rows x lanes <= 2 x SMs x 256 (67584 on
+     * an H200; a row has at least one lane), which 65536 tokens of at least 2 rows exceed, so
+     * random shapes, strides and modes also reach the prefill kernels (prologue_stream_kernel,
+     * prologue_kernel), and on the CPU the worker pool. Drawn after every other draw, so the
+     * other seven cases of eight stay what they were. */
     if (tst_rng_below(r, 8) == 0) {
         const uint32_t row_bytes = p->head_dim * (uint32_t)lmk_dtype_size(dt);
         const uint32_t want = (8u << 20) / ((p->n_heads + p->n_k_heads) * row_bytes) + tst_rng_below(r, 512);
-        T = want < 256 ? 256 : want > 8192 ? 8192 : want;
+        T = want > 65536 ? 65536 : want;
         ac.n_slots = T + tst_rng_below(r, 8);
     }
     complete(&ac, T, dt);

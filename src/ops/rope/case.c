@@ -409,14 +409,15 @@ static void rope_random_case(tst_rng *r, tst_case *c)
     }
     rc.in_place = rc.layout == QKV || tst_rng_below(r, 2);
     rc.offset = tst_rng_below(r, 4) == 0;
-    /* One case in eight a prompt of 265-2312 tokens, at most 2^21 elements: past the decode kernel
-     * (CUDA takes it while seq x row groups <= 2 x SMs, 264 on an H200), so random shapes, modes,
-     * scalings and layouts also reach the prefill kernels (rows, pairs, bulk). Drawn after every
-     * other draw, so the other seven cases of eight stay what they were. */
+    /* One case in eight a prompt of 265-2312 tokens, fewer where that passes 2^21 elements but
+     * never under 265 (at most 265 x 8704 elements, the Qwen3.5-122B layer): past the decode
+     * kernel (CUDA takes it while seq x row groups <= 2 x SMs, 264 on an H200), so random shapes,
+     * modes, scalings and layouts also reach the prefill kernels (rows, pairs, bulk). Drawn after
+     * every other draw, so the other seven cases of eight stay what they were. */
     if (tst_rng_below(r, 8) == 0) {
         const uint32_t rows = p->n_heads + p->n_k_heads, cap = (1u << 21) / (rows * p->head_dim);
         const uint32_t want = 265 + tst_rng_below(r, 2048);
-        p->seq_len = want < cap ? want : cap > p->seq_len ? cap : p->seq_len;
+        p->seq_len = want <= cap ? want : cap > 265 ? cap : 265;
     }
     set_case(c, &rc, 0, "random");
 }
