@@ -14,7 +14,8 @@
  * factors' divides and square roots do not wait on each other), then each row, still in L1, is
  * widened, scaled by r * (w + offset) and rotated in one pass: straight into its destination when
  * it has one in the input dtype (q_out; k with only k_out or only a same-dtype cache), else into
- * an f32 buffer narrowed once per destination. The steps have AVX-512 and AVX2 versions, chosen
+ * an f32 buffer narrowed once per destination (k with k_out and a cache of the input dtype is built
+ * into one and its bits copied to the other). The steps have AVX-512 and AVX2 versions, chosen
  * at device open like lmk_rope's (lmk_cpu_stream_isa), and scalar ones for the scalar level and
  * LMK_CPU_PORTABLE builds. Split pairs (NEOX, MROPE, IMROPE, VISION: x[p], x[p + pair_stride])
  * rotate a vector of a's against a vector of b's; NORMAL's adjacent pairs rotate one vector of
@@ -1038,9 +1039,24 @@ LMK_INLINE void do_row(lmk_cpu_isa isa, bool direct_ok, const lmk_rope_args *ra,
 {
     const size_t d = ra->head_dim, n = ra->angle.n_pairs, es = ra->dtype == LMK_F32 ? 4 : 2;
     const int whole_rope = ra->rope_dim == ra->head_dim; /* no element outside the pairs */
-    if (direct_ok && n_dest == 1 && dest[0].dt == ra->dtype && (norm || whole_rope)) {
-        build_at(isa, dest[0].nt ? TO_DEST_NT : TO_DEST, ra, in, dest[0].p, w, r, tb);
-        return;
+    if (direct_ok && dest[0].dt == ra->dtype && (norm || whole_rope)) {
+        if (n_dest == 1) {
+            build_at(isa, dest[0].nt ? TO_DEST_NT : TO_DEST, ra, in, dest[0].p, w, r, tb);
+            return;
+        }
+        /* k to k_out and a cache of the same dtype: the same bits twice, so build into one that is
+         * not streamed (its lines stay in L1) and copy them into the other. Either may be the input
+         * (in place): the build has read the whole row before the copy. */
+        const int b = !dest[0].nt ? 0 : !dest[1].nt ? 1 : -1;
+        if (dest[1].dt == ra->dtype && b >= 0) {
+            const row_dest *o = &dest[1 - b];
+            build_at(isa, TO_DEST, ra, in, dest[b].p, w, r, tb);
+            if (o->nt)
+                lmk_cpu_stream_copy(o->p, dest[b].p, d * es);
+            else
+                memcpy(o->p, dest[b].p, d * es);
+            return;
+        }
     }
     build_at(isa, TO_X, ra, in, x, w, r, tb);
     for (int k = n_dest - 1; k >= 0; k--) {
@@ -1153,9 +1169,9 @@ LMK_INLINE void do_rows(lmk_cpu_isa isa, const ap_job *jb, const ap_table *tb, c
     }
 }
 
-/* The norm weight of q (k = 0) or k, plus the offset, into w (1 without a norm). Widened again for
- * each token (q and k alternate), which costs a few vector steps per token and keeps a second
- * FAST_DIM buffer off the stack. */
+/* The norm weight of q (k = 0) or k, plus the offset, into w (1 without a norm). do_tokens widens
+ * both once per share when they fit w together (head_dim <= FAST_DIM / 2: every real model), else
+ * again for each token (q and k alternate), which keeps a second FAST_DIM buffer off the stack. */
 LMK_INLINE void load_weights(lmk_cpu_isa isa, const lmk_attn_prologue_args *a, int k, float *w)
 {
     const void *src = k ? a->k_norm_w : a->q_norm_w;
@@ -1174,15 +1190,23 @@ LMK_INLINE void load_weights(lmk_cpu_isa isa, const lmk_attn_prologue_args *a, i
 LMK_INLINE void do_tokens(lmk_cpu_isa isa, const ap_job *jb, ap_table *tb, float *w, ap_buf *b, size_t lo, size_t hi)
 {
     const lmk_attn_prologue_args *a = jb->a;
+    const size_t d = a->rope.head_dim;
+    const bool both = 2 * d <= FAST_DIM; /* q's and k's weights fit w together: widened once */
     float *x = b->x;
+    if (both) {
+        load_weights(isa, a, 0, w);
+        load_weights(isa, a, 1, w + d);
+    }
     for (size_t token = lo; token < hi; token++) {
         const long long slot = slot_of(a, token);
         fill_angles(isa, &a->rope.angle, tb, a->rope.angle.n_pairs, token, b);
         for (int k = 0; k < 2; k++) {
-            load_weights(isa, a, k, w);
+            if (!both)
+                load_weights(isa, a, k, w);
+            const float *wk = both && k ? w + d : w;
             for (size_t h0 = 0; h0 < a->rope.t[k].n_heads; h0 += ROW_GROUP) {
                 const size_t h1 = a->rope.t[k].n_heads - h0 < ROW_GROUP ? a->rope.t[k].n_heads : h0 + ROW_GROUP;
-                do_rows(isa, jb, tb, w, token, slot, k, h0, h1, x, token + 1 < hi);
+                do_rows(isa, jb, tb, wk, token, slot, k, h0, h1, x, token + 1 < hi);
             }
         }
         if (v_slot_ok(a, slot))
