@@ -20,7 +20,8 @@
  * LMK_CPU_PORTABLE builds. Split pairs (NEOX, MROPE, IMROPE, VISION: x[p], x[p + pair_stride])
  * rotate a vector of a's against a vector of b's; NORMAL's adjacent pairs rotate one vector of
  * both with cos/sin duplicated into lane pairs and the pair swapped in-lane. The vector narrowing
- * gives the bits of lmk_f32_to_bf16 / lmk_f32_to_f16 (NaN included) and of
+ * gives the bits of lmk_f32_to_bf16 (cpu/bf16_simd.h, shared with lmk_rope) / lmk_f32_to_f16
+ * (NaN included) and of
  * lmk_f8e4m3_from_f32_bits (core/f8.h) on x / scale, formed as x * (1 / scale) when that inverse
  * is exact (a power-of-two scale: the same bits without a divide, f8_scaling). Outputs of a large
  * call whose rows are whole, aligned cache lines are written with streaming stores, and the next
@@ -40,6 +41,7 @@
  * weight (refilled per token for q and for k): 9.1 KB in all measured at -O2 (gcc; clang 9.9 KB),
  * 15.2 KB at -O0 (gcc), inside lmk.h's 16 KiB bound (tests/test_small_stack.c).
  */
+#include "cpu/bf16_simd.h"
 #include "cpu/cpu.h"
 #include "ops/attn_prologue/attn_prologue.h"
 #include "ops/rope/rope_common.h"
@@ -540,16 +542,6 @@ STEP_KERNEL LMK_TARGET_AVX512 __m128i f8_16(__m512 v)
     return _mm512_cvtepi32_epi8(_mm512_or_si512(code, sign));
 }
 
-/* lmk_f32_to_bf16 on 16 lanes: u + 0x7fff + lsb, NaN -> (u | quiet bit) >> 16. */
-STEP_KERNEL LMK_TARGET_AVX512 __m256i bf16_16(__m512 v)
-{
-    const __m512i u = _mm512_castps_si512(v);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
-    r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), u, _mm512_set1_epi32(0x400000));
-    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
-}
-
 /* 16 results stored to p in dtype odt (f8: x / scale already divided). */
 STEP_KERNEL LMK_TARGET_AVX512 void store16(lmk_dtype odt, int nt, unsigned char *p, __m512 v)
 {
@@ -565,7 +557,7 @@ STEP_KERNEL LMK_TARGET_AVX512 void store16(lmk_dtype odt, int nt, unsigned char 
         else
             _mm_storeu_si128((__m128i *)(void *)p, b);
     } else {
-        const __m256i h = odt == LMK_BF16 ? bf16_16(v) : _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256i h = odt == LMK_BF16 ? lmk_cpu_bf16_16(v) : _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         if (nt)
             _mm256_stream_si256((__m256i *)(void *)p, h);
         else
@@ -796,17 +788,6 @@ STEP_KERNEL LMK_TARGET_AVX2 __m128i f8_pack16(__m256 a, __m256 b)
     return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi16(w, w), 0x08));
 }
 
-STEP_KERNEL LMK_TARGET_AVX2 __m128i bf16_8(__m256 v)
-{
-    const __m256i u = _mm256_castps_si256(v);
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb);
-    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
-    r = _mm256_srli_epi32(r, 16);
-    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
-
 /* 8 results stored to p in dtype odt (f32, bf16 or f16; f8 goes 16 at a time, f8_pack16). */
 STEP_KERNEL LMK_TARGET_AVX2 void store8(lmk_dtype odt, int nt, unsigned char *p, __m256 v)
 {
@@ -817,11 +798,42 @@ STEP_KERNEL LMK_TARGET_AVX2 void store8(lmk_dtype odt, int nt, unsigned char *p,
             _mm256_storeu_ps((float *)(void *)p, v);
         return;
     }
-    const __m128i h = odt == LMK_BF16 ? bf16_8(v) : _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m128i h = odt == LMK_BF16 ? lmk_cpu_bf16_8(v) : _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     if (nt)
         _mm_stream_si128((__m128i *)(void *)p, h);
     else
         _mm_storeu_si128((__m128i *)(void *)p, h);
+}
+
+/* 16 results (a then b) stored to p in dtype odt (f32, bf16 or f16): bf16 as one 32-byte store. */
+STEP_KERNEL LMK_TARGET_AVX2 void store16x(lmk_dtype odt, int nt, unsigned char *p, __m256 a, __m256 b)
+{
+    if (odt != LMK_BF16) {
+        store8(odt, nt, p, a);
+        store8(odt, nt, p + 8 * (odt == LMK_F32 ? 4 : 2), b);
+        return;
+    }
+    const __m256i h = lmk_cpu_bf16_8x2(a, b);
+    if (nt)
+        _mm256_stream_si256((__m256i *)(void *)p, h);
+    else
+        _mm256_storeu_si256((__m256i *)(void *)p, h);
+}
+
+/* Builds that store bf16 go 16 elements a step, so that each narrowing takes two vectors
+ * (lmk_cpu_bf16_8x2; a direct build's pairs and gaps are whole steps: direct_ok). f32 and f16
+ * keep steps of 8: their stores gain nothing from pairing. */
+#define PAIRED(dt, to) ((dt) == LMK_BF16 && (to) != TO_X)
+
+/* Elements [i, i + 16) of a build's output, as put8 twice. */
+STEP_KERNEL LMK_TARGET_AVX2 void put16x(int to, lmk_dtype dt, void *out, size_t i, __m256 a, __m256 b)
+{
+    if (to == TO_X) {
+        _mm256_storeu_ps((float *)out + i, a);
+        _mm256_storeu_ps((float *)out + i + 8, b);
+    } else {
+        store16x(dt, to == TO_DEST_NT, (unsigned char *)out + i * (dt == LMK_F32 ? 4 : 2), a, b);
+    }
 }
 
 /* Elements [i, i + 8) of a build's output. */
@@ -843,9 +855,12 @@ STEP_KERNEL LMK_TARGET_AVX2 void gap8(lmk_dtype dt, int to, const unsigned char 
 {
     const __m256 rv = _mm256_set1_ps(r);
     size_t i = lo;
-    for (; i + 8 <= hi; i += 8)
+    if (PAIRED(dt, to))
+        for (; i + 16 <= hi; i += 16)
+            put16x(to, dt, out, i, scaled8(dt, in, i, rv, w), scaled8(dt, in, i + 8, rv, w));
+    for (; i + 8 <= hi; i += 8) /* and the scalar tail: only with to == TO_X (direct_ok) */
         put8(to, dt, out, i, scaled8(dt, in, i, rv, w));
-    if (i < hi) /* only with to == TO_X (direct_ok) */
+    if (i < hi)
         gap_scalar(dt, in, (float *)out, w, r, i, hi);
 }
 
@@ -858,7 +873,16 @@ STEP_KERNEL LMK_TARGET_AVX2 void build8_dt(lmk_dtype dt, int to, const lmk_rope_
     if (ra->interleaved) {
         const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
         const __m256 neg_even = _mm256_castsi256_ps(_mm256_set1_epi64x(0x80000000));
-        for (; p + 4 <= n; p += 4) {
+        for (; PAIRED(dt, to) && p + 8 <= n; p += 8) {
+            const __m256 v0 = scaled8(dt, in, 2 * p, rv, w), v1 = scaled8(dt, in, 2 * p + 8, rv, w);
+            const __m256 c = _mm256_loadu_ps(tb->c + p), sn = _mm256_loadu_ps(tb->s + p);
+            const __m256 c0 = _mm256_permutevar8x32_ps(c, dup), s0 = _mm256_xor_ps(_mm256_permutevar8x32_ps(sn, dup), neg_even);
+            const __m256 c1 = _mm256_permutevar8x32_ps(_mm256_permute2f128_ps(c, c, 0x01), dup);
+            const __m256 s1 = _mm256_xor_ps(_mm256_permutevar8x32_ps(_mm256_permute2f128_ps(sn, sn, 0x01), dup), neg_even);
+            put16x(to, dt, out, 2 * p, _mm256_fmadd_ps(v0, c0, _mm256_mul_ps(_mm256_permute_ps(v0, 0xB1), s0)),
+                   _mm256_fmadd_ps(v1, c1, _mm256_mul_ps(_mm256_permute_ps(v1, 0xB1), s1)));
+        }
+        for (; p + 4 <= n; p += 4) { /* bf16 stores: the tail of TO_X only */
             const __m256 v = scaled8(dt, in, 2 * p, rv, w);
             const __m256 cv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(tb->c + p)), dup);
             const __m256 sv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(tb->s + p)), dup);
@@ -866,7 +890,17 @@ STEP_KERNEL LMK_TARGET_AVX2 void build8_dt(lmk_dtype dt, int to, const lmk_rope_
             put8(to, dt, out, 2 * p, _mm256_fmadd_ps(v, cv, _mm256_mul_ps(_mm256_permute_ps(v, 0xB1), sa)));
         }
     } else {
-        for (; p + 8 <= n; p += 8) {
+        for (; PAIRED(dt, to) && p + 16 <= n; p += 16) {
+            const __m256 a0 = scaled8(dt, in, p, rv, w), b0 = scaled8(dt, in, p + st, rv, w);
+            const __m256 a1 = scaled8(dt, in, p + 8, rv, w), b1 = scaled8(dt, in, p + 8 + st, rv, w);
+            const __m256 c0 = _mm256_loadu_ps(tb->c + p), s0 = _mm256_loadu_ps(tb->s + p);
+            const __m256 c1 = _mm256_loadu_ps(tb->c + p + 8), s1 = _mm256_loadu_ps(tb->s + p + 8);
+            put16x(to, dt, out, p, _mm256_fmsub_ps(a0, c0, _mm256_mul_ps(b0, s0)),
+                   _mm256_fmsub_ps(a1, c1, _mm256_mul_ps(b1, s1)));
+            put16x(to, dt, out, p + st, _mm256_fmadd_ps(a0, s0, _mm256_mul_ps(b0, c0)),
+                   _mm256_fmadd_ps(a1, s1, _mm256_mul_ps(b1, c1)));
+        }
+        for (; p + 8 <= n; p += 8) { /* bf16 stores: the tail of TO_X only */
             const __m256 a = scaled8(dt, in, p, rv, w), b = scaled8(dt, in, p + st, rv, w);
             const __m256 cv = _mm256_loadu_ps(tb->c + p), sv = _mm256_loadu_ps(tb->s + p);
             put8(to, dt, out, p, _mm256_fmsub_ps(a, cv, _mm256_mul_ps(b, sv)));
@@ -928,8 +962,7 @@ STEP_KERNEL LMK_TARGET_AVX2 void narrow8_dt(lmk_dtype odt, int nt, const row_des
         __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
         unsigned char *p = d->p + i * oes;
         if (odt != LMK_F8E4M3) {
-            store8(odt, nt, p, v0);
-            store8(odt, nt, p + 8 * oes, v1);
+            store16x(odt, nt, p, v0, v1);
             continue;
         }
         if (how == F8_DIV)

@@ -16,7 +16,8 @@
  *    vector version costs 0.8 ns. Angles beyond LMK_CPU_SINCOS_VECTOR_MAX = 2^40 (i64 positions,
  *    freq_base < 1) use libm for the token.
  * Rows are then rotated in f32 with AVX-512 or AVX2 (chosen at device open), loading bf16/f16 by
- * widening and storing with round-to-nearest-even that gives the same bits as lmk_f32_to_bf16 /
+ * widening and storing with round-to-nearest-even that gives the same bits as lmk_f32_to_bf16
+ * (cpu/bf16_simd.h, shared with lmk_attn_prologue; AVX2 narrows 16 bf16 results at a time) /
  * lmk_f32_to_f16 (NaN included). Split pairs (x[p], x[p + pair_stride]) rotate a vector of a's
  * against a vector of b's; NORMAL's adjacent pairs (x[2p], x[2p+1]) rotate one vector of both,
  * with cos/sin duplicated into lane pairs and the pair swapped in-lane. A row is contiguous
@@ -31,6 +32,7 @@
  * an op stays within lmk.h's stack bound on the calling thread (share 0 runs there), and no size
  * ever reaches a VLA or the heap. tests/test_small_stack.c measures it.
  */
+#include "cpu/bf16_simd.h"
 #include "cpu/cpu.h"
 #include "ops/rope/rope.h"
 #include "ops/rope/rope_common.h"
@@ -300,16 +302,7 @@ LMK_INLINE LMK_TARGET_AVX512 void store16(unsigned char *p, __m512 v, lmk_dtype 
             _mm512_storeu_ps(p, v);
         return;
     }
-    __m256i h;
-    if (dt == LMK_BF16) { /* lmk_f32_to_bf16: u + 0x7fff + lsb, NaN -> (u | quiet bit) >> 16 */
-        const __m512i u = _mm512_castps_si512(v);
-        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-        __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
-        r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), u, _mm512_set1_epi32(0x400000));
-        h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
-    } else {
-        h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    }
+    const __m256i h = dt == LMK_BF16 ? lmk_cpu_bf16_16(v) : _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     if (nt)
         _mm256_stream_si256((__m256i *)(void *)p, h);
     else
@@ -405,22 +398,21 @@ LMK_INLINE LMK_TARGET_AVX2 void store8(unsigned char *p, __m256 v, lmk_dtype dt,
             _mm256_storeu_ps((float *)(void *)p, v);
         return;
     }
-    __m128i h;
-    if (dt == LMK_BF16) {
-        const __m256i u = _mm256_castps_si256(v);
-        const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-        __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb);
-        const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-        r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
-        r = _mm256_srli_epi32(r, 16);
-        h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-    } else {
-        h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    }
+    const __m128i h = dt == LMK_BF16 ? lmk_cpu_bf16_8(v) : _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     if (nt)
         _mm_stream_si128((__m128i *)(void *)p, h);
     else
         _mm_storeu_si128((__m128i *)(void *)p, h);
+}
+
+/* 16 bf16 results (a, then b) in one 32-byte store (lmk_cpu_bf16_8x2). */
+LMK_INLINE LMK_TARGET_AVX2 void store_bf16_8x2(unsigned char *p, __m256 a, __m256 b, int nt)
+{
+    const __m256i h = lmk_cpu_bf16_8x2(a, b);
+    if (nt)
+        _mm256_stream_si256((__m256i *)(void *)p, h);
+    else
+        _mm256_storeu_si256((__m256i *)(void *)p, h);
 }
 
 PAIRS_KERNEL LMK_TARGET_AVX2 size_t split8(lmk_dtype dt, int nt, size_t es, const unsigned char *ia,
@@ -428,6 +420,18 @@ PAIRS_KERNEL LMK_TARGET_AVX2 size_t split8(lmk_dtype dt, int nt, size_t es, cons
                                          const float *cs, const float *sn, size_t n)
 {
     size_t i = 0;
+    /* bf16: 16 pairs a step, so that each narrowing takes two vectors; a streamed segment starts on
+     * a cache line, so the 32-byte stores are aligned */
+    for (; dt == LMK_BF16 && i + 16 <= n; i += 16) {
+        const __m256 a0 = load8(ia + i * es, dt), b0 = load8(ib + i * es, dt);
+        const __m256 a1 = load8(ia + (i + 8) * es, dt), b1 = load8(ib + (i + 8) * es, dt);
+        const __m256 c0 = _mm256_loadu_ps(cs + i), s0 = _mm256_loadu_ps(sn + i);
+        const __m256 c1 = _mm256_loadu_ps(cs + i + 8), s1 = _mm256_loadu_ps(sn + i + 8);
+        store_bf16_8x2(oa + i * es, _mm256_fmsub_ps(a0, c0, _mm256_mul_ps(b0, s0)),
+                       _mm256_fmsub_ps(a1, c1, _mm256_mul_ps(b1, s1)), nt);
+        store_bf16_8x2(ob + i * es, _mm256_fmadd_ps(a0, s0, _mm256_mul_ps(b0, c0)),
+                       _mm256_fmadd_ps(a1, s1, _mm256_mul_ps(b1, c1)), nt);
+    }
     for (; i + 8 <= n; i += 8) {
         const __m256 a = load8(ia + i * es, dt), b = load8(ib + i * es, dt);
         const __m256 c = _mm256_loadu_ps(cs + i), s = _mm256_loadu_ps(sn + i);
@@ -443,6 +447,15 @@ PAIRS_KERNEL LMK_TARGET_AVX2 size_t adjacent8(lmk_dtype dt, int nt, size_t es, c
     const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
     const __m256 neg_even = _mm256_castsi256_ps(_mm256_set1_epi64x(0x80000000));
     size_t i = 0;
+    for (; dt == LMK_BF16 && i + 8 <= n; i += 8) { /* as split8 */
+        const __m256 x0 = load8(ia + 2 * i * es, dt), x1 = load8(ia + (2 * i + 8) * es, dt);
+        const __m256 c = _mm256_loadu_ps(cs + i), s = _mm256_loadu_ps(sn + i);
+        const __m256 c0 = _mm256_permutevar8x32_ps(c, dup), s0 = _mm256_xor_ps(_mm256_permutevar8x32_ps(s, dup), neg_even);
+        const __m256 c1 = _mm256_permutevar8x32_ps(_mm256_permute2f128_ps(c, c, 0x01), dup);
+        const __m256 s1 = _mm256_xor_ps(_mm256_permutevar8x32_ps(_mm256_permute2f128_ps(s, s, 0x01), dup), neg_even);
+        store_bf16_8x2(oa + 2 * i * es, _mm256_fmadd_ps(x0, c0, _mm256_mul_ps(_mm256_permute_ps(x0, 0xB1), s0)),
+                       _mm256_fmadd_ps(x1, c1, _mm256_mul_ps(_mm256_permute_ps(x1, 0xB1), s1)), nt);
+    }
     for (; i + 4 <= n; i += 4) {
         const __m256 x = load8(ia + 2 * i * es, dt);
         const __m256 c = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(cs + i)), dup);

@@ -1,0 +1,78 @@
+/*
+ * bf16_simd.h - lmk_f32_to_bf16 in vector registers, for the CPU paths of lmk_rope
+ * (src/ops/rope/cpu.c) and lmk_attn_prologue (src/ops/attn_prologue/cpu.c): one copy of the
+ * rounding, so both ops narrow a value to the same bits at every level.
+ *
+ * The rule is lmk_f32_to_bf16's (src/core/dtype.c): round to nearest even by adding 0x7fff plus
+ * the kept part's lowest bit to the f32 bits and keeping the high half; a NaN keeps its sign and
+ * payload's high bits with the quiet bit set ((u | 0x400000) >> 16), since the addition could
+ * carry a NaN's payload into infinity or across the sign. Infinities, overflow to infinity and
+ * subnormals come out of the addition unchanged in meaning.
+ *
+ * AVX2 narrows two vectors at a time where a caller has 16 results (lmk_cpu_bf16_8x2): the NaN
+ * fix-up (a compare, an OR and a blend a vector) then runs only when a lane of either vector is
+ * NaN, behind one compare and a test, and the two halves leave in one 32-byte store. On the Zen3
+ * dev VM that took 8-11% off lmk_attn_prologue's bf16 prompts (docs/cpu_notes.md).
+ */
+#ifndef LMK_CPU_BF16_SIMD_H
+#define LMK_CPU_BF16_SIMD_H
+
+#include "cpu/cpu.h"
+
+#if LMK_CPU_X86
+/* Inlined into each caller when optimizing; at -O0 a function of its own, so that callers'
+ * inlined copies do not each keep its temporaries in stack slots (lmk.h's stack bound). */
+#ifdef __OPTIMIZE__
+#define LMK_CPU_STEP LMK_INLINE
+#else
+#define LMK_CPU_STEP static inline
+#endif
+
+/* 16 lanes to 16 bf16 values. */
+LMK_CPU_STEP LMK_TARGET_AVX512 __m256i lmk_cpu_bf16_16(__m512 v)
+{
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
+    r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), u, _mm512_set1_epi32(0x400000));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
+/* The rounded bits before the final shift, NaN not yet fixed. */
+LMK_CPU_STEP LMK_TARGET_AVX2 __m256i lmk_cpu_bf16_round8(__m256i u)
+{
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    return _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb);
+}
+
+/* r where v is a number, (u | quiet bit) where it is NaN. */
+LMK_CPU_STEP LMK_TARGET_AVX2 __m256i lmk_cpu_bf16_fix_nan8(__m256 v, __m256i r)
+{
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    return _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
+}
+
+/* 8 lanes to 8 bf16 values. */
+LMK_CPU_STEP LMK_TARGET_AVX2 __m128i lmk_cpu_bf16_8(__m256 v)
+{
+    const __m256i r = _mm256_srli_epi32(lmk_cpu_bf16_fix_nan8(v, lmk_cpu_bf16_round8(_mm256_castps_si256(v))), 16);
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+/* 16 lanes (a, then b) to 16 bf16 values in that order. The pack never saturates: every lane is
+ * at most 0xffff after the shift. */
+LMK_CPU_STEP LMK_TARGET_AVX2 __m256i lmk_cpu_bf16_8x2(__m256 a, __m256 b)
+{
+    __m256i ra = lmk_cpu_bf16_round8(_mm256_castps_si256(a)), rb = lmk_cpu_bf16_round8(_mm256_castps_si256(b));
+    const __m256 any = _mm256_cmp_ps(a, b, _CMP_UNORD_Q); /* a lane of a or of b is NaN */
+    if (!_mm256_testz_ps(any, any)) {
+        ra = lmk_cpu_bf16_fix_nan8(a, ra);
+        rb = lmk_cpu_bf16_fix_nan8(b, rb);
+    }
+    const __m256i w = _mm256_packus_epi32(_mm256_srli_epi32(ra, 16), _mm256_srli_epi32(rb, 16)); /* a0-3 b0-3 a4-7 b4-7 */
+    return _mm256_permute4x64_epi64(w, 0xD8);
+}
+#endif /* LMK_CPU_X86 */
+
+#endif /* LMK_CPU_BF16_SIMD_H */
