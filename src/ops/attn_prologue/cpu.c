@@ -1064,34 +1064,37 @@ LMK_INLINE void narrow_at(lmk_cpu_isa isa, const row_dest *d, const float *x, si
 /* ---- the row path: rows, v and tokens ---- */
 
 /* One row through the chain into its destinations (r: its norm factor, 1 without a norm, whose
- * weights are then 1 too): straight into its only destination when it can (TO_DEST), else through
- * x. Destinations go last to first: the first may be the input itself (in place), whose bits the
- * others still need without a norm. */
+ * weights are then 1 too): straight into a destination when it can (TO_DEST), else through x,
+ * narrowed into each. Destinations go last to first: the first may be the input itself (in
+ * place), whose bits the others still need without a norm. */
 LMK_INLINE void do_row(lmk_cpu_isa isa, bool direct_ok, const lmk_rope_args *ra, const ap_table *tb, const float *w,
                        float r, bool norm, const unsigned char *in, const row_dest *dest, int n_dest, float *x)
 {
     const size_t d = ra->head_dim, n = ra->angle.n_pairs, es = ra->dtype == LMK_F32 ? 4 : 2;
     const int whole_rope = ra->rope_dim == ra->head_dim; /* no element outside the pairs */
+    /* Where the build goes: its only destination when it can (TO_DEST); for k to k_out and a cache
+     * of the same dtype (the same bits twice), the one not streamed (its lines stay in L1), whose
+     * bits are then copied into the other, which may be the input (in place: the build has read the
+     * whole row by then); else x. One call site, so that gcc keeps build16 / build8 inlined. */
+    int to = TO_X;
+    unsigned char *out = (unsigned char *)x;
+    const row_dest *copy_to = NULL;
     if (direct_ok && dest[0].dt == ra->dtype && (norm || whole_rope)) {
-        if (n_dest == 1) {
-            build_at(isa, dest[0].nt ? TO_DEST_NT : TO_DEST, ra, in, dest[0].p, w, r, tb);
-            return;
-        }
-        /* k to k_out and a cache of the same dtype: the same bits twice, so build into one that is
-         * not streamed (its lines stay in L1) and copy them into the other. Either may be the input
-         * (in place): the build has read the whole row before the copy. */
-        const int b = !dest[0].nt ? 0 : !dest[1].nt ? 1 : -1;
-        if (dest[1].dt == ra->dtype && b >= 0) {
-            const row_dest *o = &dest[1 - b];
-            build_at(isa, TO_DEST, ra, in, dest[b].p, w, r, tb);
-            if (o->nt)
-                lmk_cpu_stream_copy(o->p, dest[b].p, d * es);
-            else
-                memcpy(o->p, dest[b].p, d * es);
-            return;
+        const int b = n_dest == 1 ? 0 : dest[1].dt != ra->dtype ? -1 : !dest[0].nt ? 0 : !dest[1].nt ? 1 : -1;
+        if (b >= 0) {
+            to = n_dest == 1 && dest[0].nt ? TO_DEST_NT : TO_DEST;
+            out = dest[b].p;
+            copy_to = n_dest == 2 ? &dest[1 - b] : NULL;
         }
     }
-    build_at(isa, TO_X, ra, in, x, w, r, tb);
+    build_at(isa, to, ra, in, out, w, r, tb);
+    if (to != TO_X) {
+        if (copy_to && copy_to->nt)
+            lmk_cpu_stream_copy(copy_to->p, out, d * es);
+        else if (copy_to)
+            memcpy(copy_to->p, out, d * es);
+        return;
+    }
     for (int k = n_dest - 1; k >= 0; k--) {
         const row_dest *dst = &dest[k];
         if (norm || dst->dt != ra->dtype || whole_rope) {
