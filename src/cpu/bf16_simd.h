@@ -4,15 +4,17 @@
  * rounding, so both ops narrow a value to the same bits at every level.
  *
  * The rule is lmk_f32_to_bf16's (src/core/dtype.c): round to nearest even by adding 0x7fff plus
- * the kept part's lowest bit to the f32 bits and keeping the high half; a NaN keeps its sign and
- * payload's high bits with the quiet bit set ((u | 0x400000) >> 16), since the addition could
- * carry a NaN's payload into infinity or across the sign. Infinities, overflow to infinity and
- * subnormals come out of the addition unchanged in meaning.
+ * the kept part's lowest bit to the f32 bits and keeping the high half, which is right for every
+ * number (subnormals, overflow to infinity and infinities included); a NaN instead keeps its sign
+ * and its payload's high bits with the quiet bit set ((u | 0x400000) >> 16), since the addition
+ * could carry its payload into infinity or across the sign. tests/test_bf16_simd.c checks every
+ * level against lmk_f32_to_bf16 on every tie and NaN payload.
  *
  * AVX2 narrows two vectors at a time where a caller has 16 results (lmk_cpu_bf16_8x2): the NaN
  * fix-up (a compare, an OR and a blend a vector) then runs only when a lane of either vector is
- * NaN, behind one compare and a test, and the two halves leave in one 32-byte store. On the Zen3
- * dev VM that took 8-11% off lmk_attn_prologue's bf16 prompts (docs/cpu_notes.md).
+ * NaN, behind one compare and a test, and the 16 values leave in one 32-byte store. That took
+ * 7-9% off lmk_attn_prologue's bf16 prompts and 10% off lmk_rope's Llama bf16 prompt on the Zen3
+ * dev VM (docs/cpu_notes.md, "AVX2 bf16 stores").
  */
 #ifndef LMK_CPU_BF16_SIMD_H
 #define LMK_CPU_BF16_SIMD_H
