@@ -4,7 +4,8 @@
  * both ops use for outputs too large to be worth keeping in cache.
  *
  * Backend layout: backend.c (vtable, device, memory, streams and their pools); sincos.c (the
- * cos/sin tables of rope's angles, for lmk_rope and lmk_attn_prologue); each op's CPU
+ * cos/sin tables of rope's angles, for lmk_rope and lmk_attn_prologue); bf16_simd.h (their
+ * vector f32 -> bf16 narrowing); each op's CPU
  * path is src/ops/<op>/cpu.c. An op splits its work into n_threads deterministic shares (each output element is
  * computed by a fixed formula from the inputs alone, so the split never changes a result bit) and
  * hands one task function to lmk_cpu_parallel, which runs share 0 on the calling thread and the
