@@ -1238,7 +1238,9 @@ static void test_long_prompts(const tst_dev *devs, int n_dev)
 /* ---- 2, 3: named cases ---- */
 
 /* Padding slots write nothing, k_out is still written: T = 1 with one padding value each, and
- * T = 5 with every token padding. The i64 values have low 32 bits that name a valid row. */
+ * T = 5 with every token padding. The i64 values have low 32 bits that name a valid row. Also
+ * with k to the cache only, where a padding token's k rows have nowhere to go (the CPU row path
+ * once built them into a stale destination, q_out's last row: found by fuzz_attn_prologue). */
 static void test_padding(const tst_dev *devs, int n_dev)
 {
     static const struct {
@@ -1252,10 +1254,12 @@ static void test_padding(const tst_dev *devs, int n_dev)
                 {LMK_I64, INT64_MIN, "(padding slot INT64_MIN)"}};
     const double t0 = tst_now();
     int n = 0, failed = 0;
-    for (int all = 0; all < 2; all++)
+    for (int kind = 0; kind < 4; kind++) /* T = 1 or 5 (all padding), with k_out or to the cache only */
         for (size_t i = 0; i < sizeof pads / sizeof pads[0]; i++) {
-            spec s = edge(i % 2 ? M_Q3_8B : M_LLAMA31_8B, all ? 5 : 1, LMK_BF16, pads[i].note);
-            s.slot_dt = pads[i].dt, s.outputs = O_BOTH, s.extra_rows = 8 - s.T, s.padding = false, s.f8 = i == 2;
+            const bool all = kind & 1;
+            spec s = edge(i % 2 ? M_Q3_8B : M_LLAMA31_8B, all ? 5 : 1, kind & 2 ? LMK_F32 : LMK_BF16, pads[i].note);
+            s.slot_dt = pads[i].dt, s.outputs = kind & 2 ? O_CACHE : O_BOTH, s.extra_rows = 8 - s.T, s.padding = false;
+            s.f8 = i == 2;
             const uint64_t seed = tst_case_seed();
             ap_case c;
             build_case(&c, &s, seed);
@@ -1265,7 +1269,7 @@ static void test_padding(const tst_dev *devs, int n_dev)
             failed += !run_case(&c, devs, n_dev, seed, true);
             case_free(&c);
         }
-    group_line("padding slots (nothing cached, k_out written)", n, failed, n_dev, t0);
+    group_line("padding slots (nothing cached, k_out written where given)", n, failed, n_dev, t0);
 }
 
 /* The float64 rows of token t with args a: q (which 0) or k (1) into row. */

@@ -1077,6 +1077,8 @@ LMK_INLINE void do_row(lmk_cpu_isa isa, bool direct_ok, const lmk_rope_args *ra,
      * of the same dtype (the same bits twice), the one not streamed (its lines stay in L1), whose
      * bits are then copied into the other, which may be the input (in place: the build has read the
      * whole row by then); else x. One call site, so that gcc keeps build16 / build8 inlined. */
+    if (n_dest == 0) /* k of a padding token without k_out: nothing to write (dest[] unset) */
+        return;
     int to = TO_X;
     unsigned char *out = (unsigned char *)x;
     const row_dest *copy_to = NULL;
