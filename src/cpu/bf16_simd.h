@@ -75,6 +75,17 @@ LMK_CPU_STEP LMK_TARGET_AVX2 __m256i lmk_cpu_bf16_8x2(__m256 a, __m256 b)
     const __m256i w = _mm256_packus_epi32(_mm256_srli_epi32(ra, 16), _mm256_srli_epi32(rb, 16)); /* a0-3 b0-3 a4-7 b4-7 */
     return _mm256_permute4x64_epi64(w, 0xD8);
 }
+
+/* lmk_cpu_bf16_8x2(a, b) stored as one 32-byte store at p, streaming when nt (p then 32-byte
+ * aligned: both ops stream only rows whose segments start on cache lines). */
+LMK_CPU_STEP LMK_TARGET_AVX2 void lmk_cpu_store_bf16_8x2(unsigned char *p, __m256 a, __m256 b, int nt)
+{
+    const __m256i h = lmk_cpu_bf16_8x2(a, b);
+    if (nt)
+        _mm256_stream_si256((__m256i *)(void *)p, h);
+    else
+        _mm256_storeu_si256((__m256i *)(void *)p, h);
+}
 #endif /* LMK_CPU_X86 */
 
 #endif /* LMK_CPU_BF16_SIMD_H */

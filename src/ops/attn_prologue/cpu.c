@@ -39,7 +39,7 @@
  * Stack use is fixed: per-pair tables for CHUNK pairs (larger rope_dim is processed chunk by
  * chunk), norm factors for CHUNK rows at a time, and on the row path one row and a buffer of the
  * widened norm weights (q's and k's together, or refilled per token when they do not fit): 9.2 KB
- * in all measured at -O2 (gcc; clang 9.9 KB), 15.4 KB at -O0 (gcc, AVX-512; AVX2 14.8 KB), inside
+ * in all measured at -O2 (gcc; clang 9.9 KB), 15.4 KB at -O0 (gcc, AVX-512; AVX2 12.3 KB), inside
  * lmk.h's 16 KiB bound (tests/test_small_stack.c).
  */
 #include "cpu/bf16_simd.h"
@@ -809,16 +809,12 @@ STEP_KERNEL LMK_TARGET_AVX2 void store8(lmk_dtype odt, int nt, unsigned char *p,
 /* 16 results (a then b) stored to p in dtype odt (f32, bf16 or f16): bf16 as one 32-byte store. */
 STEP_KERNEL LMK_TARGET_AVX2 void store16x(lmk_dtype odt, int nt, unsigned char *p, __m256 a, __m256 b)
 {
-    if (odt != LMK_BF16) {
-        store8(odt, nt, p, a);
-        store8(odt, nt, p + 8 * (odt == LMK_F32 ? 4 : 2), b);
+    if (odt == LMK_BF16) {
+        lmk_cpu_store_bf16_8x2(p, a, b, nt);
         return;
     }
-    const __m256i h = lmk_cpu_bf16_8x2(a, b);
-    if (nt)
-        _mm256_stream_si256((__m256i *)(void *)p, h);
-    else
-        _mm256_storeu_si256((__m256i *)(void *)p, h);
+    store8(odt, nt, p, a);
+    store8(odt, nt, p + 8 * (odt == LMK_F32 ? 4 : 2), b);
 }
 
 /* Builds that store bf16 go 16 elements a step, so that each narrowing takes two vectors
@@ -865,6 +861,32 @@ STEP_KERNEL LMK_TARGET_AVX2 void gap8(lmk_dtype dt, int to, const unsigned char 
         gap_scalar(dt, in, (float *)out, w, r, i, hi);
 }
 
+/* The rotated a's and b's of split pairs [p, p + 8): a*c - b*s and a*s + b*c. */
+typedef struct rot8 {
+    __m256 a, b;
+} rot8;
+
+STEP_KERNEL LMK_TARGET_AVX2 rot8 split_step8(lmk_dtype dt, const unsigned char *in, size_t p, size_t st, __m256 rv,
+                                            const float *w, const ap_table *tb)
+{
+    const __m256 a = scaled8(dt, in, p, rv, w), b = scaled8(dt, in, p + st, rv, w);
+    const __m256 c = _mm256_loadu_ps(tb->c + p), s = _mm256_loadu_ps(tb->s + p);
+    return (rot8){_mm256_fmsub_ps(a, c, _mm256_mul_ps(b, s)), _mm256_fmadd_ps(a, s, _mm256_mul_ps(b, c))};
+}
+
+/* Adjacent pairs [p, p + 4) (elements 2p .. 2p + 8): x * (c, c) + swap(x) * (-s, s), cos/sin
+ * duplicated into lane pairs (the even lanes are split_step8's a*c - b*s). */
+STEP_KERNEL LMK_TARGET_AVX2 __m256 adjacent_step8(lmk_dtype dt, const unsigned char *in, size_t p, __m256 rv,
+                                                 const float *w, const ap_table *tb)
+{
+    const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    const __m256 neg_even = _mm256_castsi256_ps(_mm256_set1_epi64x(0x80000000));
+    const __m256 v = scaled8(dt, in, 2 * p, rv, w);
+    const __m256 cv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(tb->c + p)), dup);
+    const __m256 sv = _mm256_xor_ps(_mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(tb->s + p)), dup), neg_even);
+    return _mm256_fmadd_ps(v, cv, _mm256_mul_ps(_mm256_permute_ps(v, 0xB1), sv));
+}
+
 STEP_KERNEL LMK_TARGET_AVX2 void build8_dt(lmk_dtype dt, int to, const lmk_rope_args *ra, const unsigned char *in,
                                            void *out, const float *w, float r, const ap_table *tb)
 {
@@ -872,40 +894,20 @@ STEP_KERNEL LMK_TARGET_AVX2 void build8_dt(lmk_dtype dt, int to, const lmk_rope_
     const __m256 rv = _mm256_set1_ps(r);
     size_t p = 0, g[2][2];
     if (ra->interleaved) {
-        const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-        const __m256 neg_even = _mm256_castsi256_ps(_mm256_set1_epi64x(0x80000000));
-        for (; PAIRED(dt, to) && p + 8 <= n; p += 8) {
-            const __m256 v0 = scaled8(dt, in, 2 * p, rv, w), v1 = scaled8(dt, in, 2 * p + 8, rv, w);
-            const __m256 c = _mm256_loadu_ps(tb->c + p), sn = _mm256_loadu_ps(tb->s + p);
-            const __m256 c0 = _mm256_permutevar8x32_ps(c, dup), s0 = _mm256_xor_ps(_mm256_permutevar8x32_ps(sn, dup), neg_even);
-            const __m256 c1 = _mm256_permutevar8x32_ps(_mm256_permute2f128_ps(c, c, 0x01), dup);
-            const __m256 s1 = _mm256_xor_ps(_mm256_permutevar8x32_ps(_mm256_permute2f128_ps(sn, sn, 0x01), dup), neg_even);
-            put16x(to, dt, out, 2 * p, _mm256_fmadd_ps(v0, c0, _mm256_mul_ps(_mm256_permute_ps(v0, 0xB1), s0)),
-                   _mm256_fmadd_ps(v1, c1, _mm256_mul_ps(_mm256_permute_ps(v1, 0xB1), s1)));
-        }
-        for (; p + 4 <= n; p += 4) { /* bf16 stores: the tail of TO_X only */
-            const __m256 v = scaled8(dt, in, 2 * p, rv, w);
-            const __m256 cv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(tb->c + p)), dup);
-            const __m256 sv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(tb->s + p)), dup);
-            const __m256 sa = _mm256_xor_ps(sv, neg_even);
-            put8(to, dt, out, 2 * p, _mm256_fmadd_ps(v, cv, _mm256_mul_ps(_mm256_permute_ps(v, 0xB1), sa)));
-        }
+        for (; PAIRED(dt, to) && p + 8 <= n; p += 8)
+            put16x(to, dt, out, 2 * p, adjacent_step8(dt, in, p, rv, w, tb), adjacent_step8(dt, in, p + 4, rv, w, tb));
+        for (; p + 4 <= n; p += 4) /* bf16 stores: the tail of TO_X only */
+            put8(to, dt, out, 2 * p, adjacent_step8(dt, in, p, rv, w, tb));
     } else {
         for (; PAIRED(dt, to) && p + 16 <= n; p += 16) {
-            const __m256 a0 = scaled8(dt, in, p, rv, w), b0 = scaled8(dt, in, p + st, rv, w);
-            const __m256 a1 = scaled8(dt, in, p + 8, rv, w), b1 = scaled8(dt, in, p + 8 + st, rv, w);
-            const __m256 c0 = _mm256_loadu_ps(tb->c + p), s0 = _mm256_loadu_ps(tb->s + p);
-            const __m256 c1 = _mm256_loadu_ps(tb->c + p + 8), s1 = _mm256_loadu_ps(tb->s + p + 8);
-            put16x(to, dt, out, p, _mm256_fmsub_ps(a0, c0, _mm256_mul_ps(b0, s0)),
-                   _mm256_fmsub_ps(a1, c1, _mm256_mul_ps(b1, s1)));
-            put16x(to, dt, out, p + st, _mm256_fmadd_ps(a0, s0, _mm256_mul_ps(b0, c0)),
-                   _mm256_fmadd_ps(a1, s1, _mm256_mul_ps(b1, c1)));
+            const rot8 r0 = split_step8(dt, in, p, st, rv, w, tb), r1 = split_step8(dt, in, p + 8, st, rv, w, tb);
+            put16x(to, dt, out, p, r0.a, r1.a);
+            put16x(to, dt, out, p + st, r0.b, r1.b);
         }
         for (; p + 8 <= n; p += 8) { /* bf16 stores: the tail of TO_X only */
-            const __m256 a = scaled8(dt, in, p, rv, w), b = scaled8(dt, in, p + st, rv, w);
-            const __m256 cv = _mm256_loadu_ps(tb->c + p), sv = _mm256_loadu_ps(tb->s + p);
-            put8(to, dt, out, p, _mm256_fmsub_ps(a, cv, _mm256_mul_ps(b, sv)));
-            put8(to, dt, out, p + st, _mm256_fmadd_ps(a, sv, _mm256_mul_ps(b, cv)));
+            const rot8 r0 = split_step8(dt, in, p, st, rv, w, tb);
+            put8(to, dt, out, p, r0.a);
+            put8(to, dt, out, p + st, r0.b);
         }
     }
     if (p < n) /* only with to == TO_X (direct_ok); the tail is a call: skip it when empty */
@@ -1064,10 +1066,11 @@ LMK_INLINE void narrow_at(lmk_cpu_isa isa, const row_dest *d, const float *x, si
 
 /* ---- the row path: rows, v and tokens ---- */
 
-/* One row through the chain into its destinations (r: its norm factor, 1 without a norm, whose
- * weights are then 1 too): straight into a destination when it can (TO_DEST), else through x,
- * narrowed into each. Destinations go last to first: the first may be the input itself (in
- * place), whose bits the others still need without a norm. */
+/* One row through the chain into its destinations, at least one (do_rows skips the rows that have
+ * none). r: its norm factor, 1 without a norm, whose weights are then 1 too. Straight into a
+ * destination when it can (TO_DEST), else through x, narrowed into each. Destinations go last to
+ * first: the first may be the input itself (in place), whose bits the others still need without a
+ * norm. */
 LMK_INLINE void do_row(lmk_cpu_isa isa, bool direct_ok, const lmk_rope_args *ra, const ap_table *tb, const float *w,
                        float r, bool norm, const unsigned char *in, const row_dest *dest, int n_dest, float *x)
 {
@@ -1077,17 +1080,18 @@ LMK_INLINE void do_row(lmk_cpu_isa isa, bool direct_ok, const lmk_rope_args *ra,
      * of the same dtype (the same bits twice), the one not streamed (its lines stay in L1), whose
      * bits are then copied into the other, which may be the input (in place: the build has read the
      * whole row by then); else x. One call site, so that gcc keeps build16 / build8 inlined. */
-    if (n_dest == 0) /* k of a padding token without k_out: nothing to write (dest[] unset) */
-        return;
     int to = TO_X;
     unsigned char *out = (unsigned char *)x;
     const row_dest *copy_to = NULL;
     if (direct_ok && dest[0].dt == ra->dtype && (norm || whole_rope)) {
-        const int b = n_dest == 1 ? 0 : dest[1].dt != ra->dtype ? -1 : !dest[0].nt ? 0 : !dest[1].nt ? 1 : -1;
-        if (b >= 0) {
-            to = n_dest == 1 && dest[0].nt ? TO_DEST_NT : TO_DEST;
+        if (n_dest == 1) {
+            to = dest[0].nt ? TO_DEST_NT : TO_DEST;
+            out = dest[0].p;
+        } else if (dest[1].dt == ra->dtype && (!dest[0].nt || !dest[1].nt)) {
+            const int b = dest[0].nt; /* build into the one not streamed */
+            to = TO_DEST;
             out = dest[b].p;
-            copy_to = n_dest == 2 ? &dest[1 - b] : NULL;
+            copy_to = &dest[1 - b];
         }
     }
     build_at(isa, to, ra, in, out, w, r, tb);
@@ -1186,6 +1190,8 @@ LMK_INLINE void do_rows(lmk_cpu_isa isa, const ap_job *jb, const ap_table *tb, c
     const size_t ces = jb->k_ces;
     unsigned char *crow = cache ? (unsigned char *)a->k_cache.data + ((size_t)slot * a->k_cache.tok + h0 * a->k_cache.head) * ces
                                 : NULL;
+    if (!out && !cache) /* k of a padding token without k_out: nowhere to go, nothing to compute */
+        return;
     float rf[ROW_GROUP];
     if (norm) {
         double ss[ROW_GROUP];

@@ -405,38 +405,49 @@ LMK_INLINE LMK_TARGET_AVX2 void store8(unsigned char *p, __m256 v, lmk_dtype dt,
         _mm_storeu_si128((__m128i *)(void *)p, h);
 }
 
-/* 16 bf16 results (a, then b) in one 32-byte store (lmk_cpu_bf16_8x2). */
-LMK_INLINE LMK_TARGET_AVX2 void store_bf16_8x2(unsigned char *p, __m256 a, __m256 b, int nt)
+/* The rotated a's and b's of split pairs [i, i + 8): a*c - b*s and a*s + b*c. */
+typedef struct rot8 {
+    __m256 a, b;
+} rot8;
+
+PAIRS_KERNEL LMK_TARGET_AVX2 rot8 split_step8(lmk_dtype dt, size_t es, const unsigned char *ia, const unsigned char *ib,
+                                             const float *cs, const float *sn, size_t i)
 {
-    const __m256i h = lmk_cpu_bf16_8x2(a, b);
-    if (nt)
-        _mm256_stream_si256((__m256i *)(void *)p, h);
-    else
-        _mm256_storeu_si256((__m256i *)(void *)p, h);
+    const __m256 a = load8(ia + i * es, dt), b = load8(ib + i * es, dt);
+    const __m256 c = _mm256_loadu_ps(cs + i), s = _mm256_loadu_ps(sn + i);
+    return (rot8){_mm256_fmsub_ps(a, c, _mm256_mul_ps(b, s)), _mm256_fmadd_ps(a, s, _mm256_mul_ps(b, c))};
 }
 
+/* Adjacent pairs [i, i + 4) (elements 2i .. 2i + 8): x * (c, c) + swap(x) * (-s, s) per pair,
+ * cos/sin duplicated into lane pairs; the even lanes are exactly split_step8's a*c - b*s. */
+PAIRS_KERNEL LMK_TARGET_AVX2 __m256 adjacent_step8(lmk_dtype dt, size_t es, const unsigned char *ia, const float *cs,
+                                                  const float *sn, size_t i)
+{
+    const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    const __m256 neg_even = _mm256_castsi256_ps(_mm256_set1_epi64x(0x80000000));
+    const __m256 x = load8(ia + 2 * i * es, dt);
+    const __m256 c = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(cs + i)), dup);
+    const __m256 s = _mm256_xor_ps(_mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sn + i)), dup), neg_even);
+    return _mm256_fmadd_ps(x, c, _mm256_mul_ps(_mm256_permute_ps(x, 0xB1), s));
+}
+
+/* bf16 goes 16 pairs (split) or 8 (adjacent, 16 elements) a step, so that each narrowing takes two
+ * vectors (lmk_cpu_store_bf16_8x2; a streamed segment starts on a cache line, so its 32-byte
+ * stores are aligned); the 8-lane steps take the rest and the other dtypes. */
 PAIRS_KERNEL LMK_TARGET_AVX2 size_t split8(lmk_dtype dt, int nt, size_t es, const unsigned char *ia,
                                          const unsigned char *ib, unsigned char *oa, unsigned char *ob,
                                          const float *cs, const float *sn, size_t n)
 {
     size_t i = 0;
-    /* bf16: 16 pairs a step, so that each narrowing takes two vectors; a streamed segment starts on
-     * a cache line, so the 32-byte stores are aligned */
     for (; dt == LMK_BF16 && i + 16 <= n; i += 16) {
-        const __m256 a0 = load8(ia + i * es, dt), b0 = load8(ib + i * es, dt);
-        const __m256 a1 = load8(ia + (i + 8) * es, dt), b1 = load8(ib + (i + 8) * es, dt);
-        const __m256 c0 = _mm256_loadu_ps(cs + i), s0 = _mm256_loadu_ps(sn + i);
-        const __m256 c1 = _mm256_loadu_ps(cs + i + 8), s1 = _mm256_loadu_ps(sn + i + 8);
-        store_bf16_8x2(oa + i * es, _mm256_fmsub_ps(a0, c0, _mm256_mul_ps(b0, s0)),
-                       _mm256_fmsub_ps(a1, c1, _mm256_mul_ps(b1, s1)), nt);
-        store_bf16_8x2(ob + i * es, _mm256_fmadd_ps(a0, s0, _mm256_mul_ps(b0, c0)),
-                       _mm256_fmadd_ps(a1, s1, _mm256_mul_ps(b1, c1)), nt);
+        const rot8 r0 = split_step8(dt, es, ia, ib, cs, sn, i), r1 = split_step8(dt, es, ia, ib, cs, sn, i + 8);
+        lmk_cpu_store_bf16_8x2(oa + i * es, r0.a, r1.a, nt);
+        lmk_cpu_store_bf16_8x2(ob + i * es, r0.b, r1.b, nt);
     }
     for (; i + 8 <= n; i += 8) {
-        const __m256 a = load8(ia + i * es, dt), b = load8(ib + i * es, dt);
-        const __m256 c = _mm256_loadu_ps(cs + i), s = _mm256_loadu_ps(sn + i);
-        store8(oa + i * es, _mm256_fmsub_ps(a, c, _mm256_mul_ps(b, s)), dt, nt);
-        store8(ob + i * es, _mm256_fmadd_ps(a, s, _mm256_mul_ps(b, c)), dt, nt);
+        const rot8 r0 = split_step8(dt, es, ia, ib, cs, sn, i);
+        store8(oa + i * es, r0.a, dt, nt);
+        store8(ob + i * es, r0.b, dt, nt);
     }
     return i;
 }
@@ -444,25 +455,12 @@ PAIRS_KERNEL LMK_TARGET_AVX2 size_t split8(lmk_dtype dt, int nt, size_t es, cons
 PAIRS_KERNEL LMK_TARGET_AVX2 size_t adjacent8(lmk_dtype dt, int nt, size_t es, const unsigned char *ia,
                                             unsigned char *oa, const float *cs, const float *sn, size_t n)
 {
-    const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-    const __m256 neg_even = _mm256_castsi256_ps(_mm256_set1_epi64x(0x80000000));
     size_t i = 0;
-    for (; dt == LMK_BF16 && i + 8 <= n; i += 8) { /* as split8 */
-        const __m256 x0 = load8(ia + 2 * i * es, dt), x1 = load8(ia + (2 * i + 8) * es, dt);
-        const __m256 c = _mm256_loadu_ps(cs + i), s = _mm256_loadu_ps(sn + i);
-        const __m256 c0 = _mm256_permutevar8x32_ps(c, dup), s0 = _mm256_xor_ps(_mm256_permutevar8x32_ps(s, dup), neg_even);
-        const __m256 c1 = _mm256_permutevar8x32_ps(_mm256_permute2f128_ps(c, c, 0x01), dup);
-        const __m256 s1 = _mm256_xor_ps(_mm256_permutevar8x32_ps(_mm256_permute2f128_ps(s, s, 0x01), dup), neg_even);
-        store_bf16_8x2(oa + 2 * i * es, _mm256_fmadd_ps(x0, c0, _mm256_mul_ps(_mm256_permute_ps(x0, 0xB1), s0)),
-                       _mm256_fmadd_ps(x1, c1, _mm256_mul_ps(_mm256_permute_ps(x1, 0xB1), s1)), nt);
-    }
-    for (; i + 4 <= n; i += 4) {
-        const __m256 x = load8(ia + 2 * i * es, dt);
-        const __m256 c = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(cs + i)), dup);
-        const __m256 s = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sn + i)), dup);
-        const __m256 sa = _mm256_xor_ps(s, neg_even);
-        store8(oa + 2 * i * es, _mm256_fmadd_ps(x, c, _mm256_mul_ps(_mm256_permute_ps(x, 0xB1), sa)), dt, nt);
-    }
+    for (; dt == LMK_BF16 && i + 8 <= n; i += 8)
+        lmk_cpu_store_bf16_8x2(oa + 2 * i * es, adjacent_step8(dt, es, ia, cs, sn, i),
+                               adjacent_step8(dt, es, ia, cs, sn, i + 4), nt);
+    for (; i + 4 <= n; i += 4)
+        store8(oa + 2 * i * es, adjacent_step8(dt, es, ia, cs, sn, i), dt, nt);
     return i;
 }
 
