@@ -489,6 +489,39 @@ STEP_KERNEL LMK_TARGET_AVX512 double sumsq16_f32(lmk_dtype dt, const unsigned ch
     return (double)_mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) + sumsq_scalar(dt, in, i, n);
 }
 
+/* sumsq16_f32 of four rows at once (row r at in + r * stride bytes), each row's partial sums and
+ * their reduction in sumsq16_f32's order, so the same bits; the four rows' FMA chains are in
+ * flight together (one row's few dependent FMAs and its reduction are mostly latency). */
+STEP_KERNEL LMK_TARGET_AVX512 void sumsq16x4_f32(lmk_dtype dt, const unsigned char *in, size_t stride, size_t n,
+                                                 double *ss)
+{
+    const size_t es = dt == LMK_F32 ? 4 : 2;
+    __m512 s0[4], s1[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+        s0[r] = s1[r] = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const __m512 v0 = load16(dt, in + r * stride + i * es), v1 = load16(dt, in + r * stride + (i + 16) * es);
+            s0[r] = _mm512_fmadd_ps(v0, v0, s0[r]);
+            s1[r] = _mm512_fmadd_ps(v1, v1, s1[r]);
+        }
+    }
+    if (i + 16 <= n) {
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const __m512 v = load16(dt, in + r * stride + i * es);
+            s0[r] = _mm512_fmadd_ps(v, v, s0[r]);
+        }
+        i += 16;
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+        ss[r] = (double)_mm512_reduce_add_ps(_mm512_add_ps(s0[r], s1[r])) + sumsq_scalar(dt, in + r * stride, i, n);
+}
+
 /* The same in double, for rows whose f32 sum overflowed or is so small that squares below f32's
  * normal range may have been lost (sum_ok). */
 STEP_KERNEL LMK_TARGET_AVX512 double sumsq16_f64(lmk_dtype dt, const unsigned char *in, size_t n)
@@ -506,19 +539,29 @@ STEP_KERNEL LMK_TARGET_AVX512 double sumsq16_f64(lmk_dtype dt, const unsigned ch
     return _mm512_reduce_add_pd(_mm512_add_pd(s0, s1)) + sumsq_scalar(dt, in, i, n);
 }
 
-LMK_TARGET_AVX512 static double sumsq16(lmk_dtype dt, const unsigned char *in, size_t n)
+/* The sums of squares of nr rows (row r at in + r * stride bytes): four at a time, the rest one by
+ * one, each recomputed in double where sum_ok rejects its f32 sum. */
+LMK_TARGET_AVX512 static void sumsq16_rows(lmk_dtype dt, const unsigned char *in, size_t stride, size_t nr, size_t n,
+                                           double *ss)
 {
-    double ss;
-    if (dt == LMK_F32)
-        ss = sumsq16_f32(LMK_F32, in, n);
-    else if (dt == LMK_BF16)
-        ss = sumsq16_f32(LMK_BF16, in, n);
-    else
-        ss = sumsq16_f32(LMK_F16, in, n);
-    if (sum_ok(ss))
-        return ss;
-    return dt == LMK_F32 ? sumsq16_f64(LMK_F32, in, n) : dt == LMK_BF16 ? sumsq16_f64(LMK_BF16, in, n)
-                                                                         : sumsq16_f64(LMK_F16, in, n);
+    size_t r = 0;
+    for (; r + 4 <= nr; r += 4) {
+        if (dt == LMK_F32)
+            sumsq16x4_f32(LMK_F32, in + r * stride, stride, n, ss + r);
+        else if (dt == LMK_BF16)
+            sumsq16x4_f32(LMK_BF16, in + r * stride, stride, n, ss + r);
+        else
+            sumsq16x4_f32(LMK_F16, in + r * stride, stride, n, ss + r);
+    }
+    for (; r < nr; r++)
+        ss[r] = dt == LMK_F32    ? sumsq16_f32(LMK_F32, in + r * stride, n)
+                : dt == LMK_BF16 ? sumsq16_f32(LMK_BF16, in + r * stride, n)
+                                 : sumsq16_f32(LMK_F16, in + r * stride, n);
+    for (r = 0; r < nr; r++)
+        if (!sum_ok(ss[r]))
+            ss[r] = dt == LMK_F32    ? sumsq16_f64(LMK_F32, in + r * stride, n)
+                    : dt == LMK_BF16 ? sumsq16_f64(LMK_BF16, in + r * stride, n)
+                                     : sumsq16_f64(LMK_F16, in + r * stride, n);
 }
 
 /* 16 f8 codes, lane by lane lmk_f8e4m3_from_f32_bits (core/f8.h): normal E4M3 values by the same
@@ -710,6 +753,16 @@ STEP_KERNEL LMK_TARGET_AVX2 __m256 load8(lmk_dtype dt, const unsigned char *p)
     return _mm256_cvtph_ps(h);
 }
 
+/* s0 + s1, summed across its lanes (the order fixes the bits of sumsq8_f32 and sumsq8x4_f32). */
+STEP_KERNEL LMK_TARGET_AVX2 float hsum8(__m256 s0, __m256 s1)
+{
+    const __m256 s = _mm256_add_ps(s0, s1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+    return _mm_cvtss_f32(h);
+}
+
 STEP_KERNEL LMK_TARGET_AVX2 double sumsq8_f32(lmk_dtype dt, const unsigned char *in, size_t n)
 {
     const size_t es = dt == LMK_F32 ? 4 : 2;
@@ -725,11 +778,38 @@ STEP_KERNEL LMK_TARGET_AVX2 double sumsq8_f32(lmk_dtype dt, const unsigned char 
         s0 = _mm256_fmadd_ps(v, v, s0);
         i += 8;
     }
-    const __m256 s = _mm256_add_ps(s0, s1);
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-    return (double)_mm_cvtss_f32(h) + sumsq_scalar(dt, in, i, n);
+    return (double)hsum8(s0, s1) + sumsq_scalar(dt, in, i, n);
+}
+
+/* sumsq8_f32 of four rows at once, as sumsq16x4_f32. */
+STEP_KERNEL LMK_TARGET_AVX2 void sumsq8x4_f32(lmk_dtype dt, const unsigned char *in, size_t stride, size_t n,
+                                              double *ss)
+{
+    const size_t es = dt == LMK_F32 ? 4 : 2;
+    __m256 s0[4], s1[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+        s0[r] = s1[r] = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const __m256 v0 = load8(dt, in + r * stride + i * es), v1 = load8(dt, in + r * stride + (i + 8) * es);
+            s0[r] = _mm256_fmadd_ps(v0, v0, s0[r]);
+            s1[r] = _mm256_fmadd_ps(v1, v1, s1[r]);
+        }
+    }
+    if (i + 8 <= n) {
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const __m256 v = load8(dt, in + r * stride + i * es);
+            s0[r] = _mm256_fmadd_ps(v, v, s0[r]);
+        }
+        i += 8;
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+        ss[r] = (double)hsum8(s0[r], s1[r]) + sumsq_scalar(dt, in + r * stride, i, n);
 }
 
 STEP_KERNEL LMK_TARGET_AVX2 double sumsq8_f64(lmk_dtype dt, const unsigned char *in, size_t n)
@@ -748,20 +828,28 @@ STEP_KERNEL LMK_TARGET_AVX2 double sumsq8_f64(lmk_dtype dt, const unsigned char 
     return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h))) + sumsq_scalar(dt, in, i, n);
 }
 
-/* As sumsq16. */
-LMK_TARGET_AVX2 static double sumsq8(lmk_dtype dt, const unsigned char *in, size_t n)
+/* As sumsq16_rows. */
+LMK_TARGET_AVX2 static void sumsq8_rows(lmk_dtype dt, const unsigned char *in, size_t stride, size_t nr, size_t n,
+                                        double *ss)
 {
-    double ss;
-    if (dt == LMK_F32)
-        ss = sumsq8_f32(LMK_F32, in, n);
-    else if (dt == LMK_BF16)
-        ss = sumsq8_f32(LMK_BF16, in, n);
-    else
-        ss = sumsq8_f32(LMK_F16, in, n);
-    if (sum_ok(ss))
-        return ss;
-    return dt == LMK_F32 ? sumsq8_f64(LMK_F32, in, n) : dt == LMK_BF16 ? sumsq8_f64(LMK_BF16, in, n)
-                                                                        : sumsq8_f64(LMK_F16, in, n);
+    size_t r = 0;
+    for (; r + 4 <= nr; r += 4) {
+        if (dt == LMK_F32)
+            sumsq8x4_f32(LMK_F32, in + r * stride, stride, n, ss + r);
+        else if (dt == LMK_BF16)
+            sumsq8x4_f32(LMK_BF16, in + r * stride, stride, n, ss + r);
+        else
+            sumsq8x4_f32(LMK_F16, in + r * stride, stride, n, ss + r);
+    }
+    for (; r < nr; r++)
+        ss[r] = dt == LMK_F32    ? sumsq8_f32(LMK_F32, in + r * stride, n)
+                : dt == LMK_BF16 ? sumsq8_f32(LMK_BF16, in + r * stride, n)
+                                 : sumsq8_f32(LMK_F16, in + r * stride, n);
+    for (r = 0; r < nr; r++)
+        if (!sum_ok(ss[r]))
+            ss[r] = dt == LMK_F32    ? sumsq8_f64(LMK_F32, in + r * stride, n)
+                    : dt == LMK_BF16 ? sumsq8_f64(LMK_BF16, in + r * stride, n)
+                                     : sumsq8_f64(LMK_F16, in + r * stride, n);
 }
 
 /* f8_16's steps on 8 lanes: the code in the low byte of each 32-bit lane. */
@@ -1003,16 +1091,23 @@ LMK_TARGET_AVX2 static void narrow8(const row_dest *d, const float *x, size_t lo
 
 /* ---- the row path: each step at a level (a constant in every caller below) ---- */
 
-LMK_INLINE double sumsq_at(lmk_cpu_isa isa, lmk_dtype dt, const unsigned char *in, size_t n)
+/* The sums of squares of nr rows of n elements, row r at in + r * stride bytes. */
+LMK_INLINE void sumsq_at(lmk_cpu_isa isa, lmk_dtype dt, const unsigned char *in, size_t stride, size_t nr, size_t n,
+                         double *ss)
 {
 #if LMK_CPU_X86
-    if (isa == LMK_CPU_AVX512)
-        return sumsq16(dt, in, n);
-    if (isa == LMK_CPU_AVX2)
-        return sumsq8(dt, in, n);
+    if (isa == LMK_CPU_AVX512) {
+        sumsq16_rows(dt, in, stride, nr, n, ss);
+        return;
+    }
+    if (isa == LMK_CPU_AVX2) {
+        sumsq8_rows(dt, in, stride, nr, n, ss);
+        return;
+    }
 #endif
     (void)isa;
-    return sumsq_scalar(dt, in, 0, n);
+    for (size_t r = 0; r < nr; r++)
+        ss[r] = sumsq_scalar(dt, in + r * stride, 0, n);
 }
 
 LMK_INLINE void build_at(lmk_cpu_isa isa, int to, const lmk_rope_args *ra, const unsigned char *in, void *out,
@@ -1195,8 +1290,7 @@ LMK_INLINE void do_rows(lmk_cpu_isa isa, const ap_job *jb, const ap_table *tb, c
     float rf[ROW_GROUP];
     if (norm) {
         double ss[ROW_GROUP];
-        for (size_t i = 0; i < h1 - h0; i++)
-            ss[i] = sumsq_at(isa, ra->dtype, in + i * t->in_head * es, d);
+        sumsq_at(isa, ra->dtype, in, t->in_head * es, h1 - h0, d, ss);
         for (size_t i = 0; i < h1 - h0; i++)
             rf[i] = (float)(1.0 / sqrt(ss[i] / (double)d + a->eps));
     }
