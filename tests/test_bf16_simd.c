@@ -11,7 +11,9 @@
  * lmk_cpu_bf16_8 and lmk_cpu_bf16_8x2 (AVX2): every tie, every NaN payload, infinities,
  * subnormals and zeros of both signs, plus 4M random bit patterns. lmk_cpu_bf16_8x2 fixes NaNs
  * only when a lane of either of its vectors is NaN, so it also gets vectors with one NaN lane in
- * a (or in b) among numbers, and vectors with none.
+ * a (or in b) among numbers, and vectors with none. lmk_cpu_bf16_eo (even/odd order) gets the same
+ * inputs after lmk_cpu_eo16's permutation, and the even/odd widening with its way back to element
+ * order (lmk_cpu_bf16_widen_eo, lmk_cpu_store_eo_f32) every bf16 pattern.
  */
 #include "common.h"
 #include "cpu/bf16_simd.h"
@@ -70,6 +72,42 @@ LMK_TARGET_AVX2 static void narrow_avx2_x2(const uint32_t *in, uint16_t *out, si
                             lmk_cpu_bf16_8x2(_mm256_loadu_ps((const float *)in + i), _mm256_loadu_ps((const float *)in + i + 8)));
 }
 
+/* Element order to even/odd order (lmk_cpu_eo16, on a copy), then lmk_cpu_bf16_eo back to element
+ * order: the permutation and the narrowing together. */
+LMK_TARGET_AVX2 static void narrow_avx2_eo(const uint32_t *in, uint16_t *out, size_t n)
+{
+    for (size_t i = 0; i + 16 <= n; i += 16) {
+        float t[16];
+        memcpy(t, in + i, sizeof t);
+        lmk_cpu_eo16(t);
+        _mm256_storeu_si256((__m256i *)(void *)(out + i), lmk_cpu_bf16_eo(_mm256_loadu_ps(t), _mm256_loadu_ps(t + 8)));
+    }
+}
+
+/* Every bf16 pattern through lmk_cpu_bf16_widen_eo and lmk_cpu_store_eo_f32: lmk_bf16_to_f32 in
+ * element order. */
+LMK_TARGET_AVX2 static void check_widen_eo(void)
+{
+    static uint16_t h[65536];
+    static float x[65536];
+    for (size_t i = 0; i < 65536; i++)
+        h[i] = (uint16_t)(i * 40503u); /* odd multiplier: a permutation, neighbours unrelated */
+    memset(x, 0xA5, sizeof x);
+    for (size_t i = 0; i < 65536; i += 16) {
+        __m256 e, o;
+        lmk_cpu_bf16_widen_eo(h + i, &e, &o);
+        lmk_cpu_store_eo_f32(x + i, e, o);
+    }
+    long long bad = -1;
+    for (size_t i = 0; i < 65536 && bad < 0; i++) {
+        const float want = lmk_bf16_to_f32(h[i]);
+        if (memcmp(&x[i], &want, 4) != 0)
+            bad = (long long)i;
+    }
+    CHECK(bad < 0, "avx2 lmk_cpu_bf16_widen_eo + lmk_cpu_store_eo_f32: every bf16 pattern in element order: element %lld "
+          "(0x%04x) wrong", bad, bad < 0 ? 0u : h[bad]);
+}
+
 typedef void (*narrow_fn)(const uint32_t *in, uint16_t *out, size_t n);
 
 static void check_level(const char *name, narrow_fn f, uint32_t *in, uint16_t *out)
@@ -122,6 +160,8 @@ int main(void)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         check_level("avx2 lmk_cpu_bf16_8", narrow_avx2, in, out);
         check_level("avx2 lmk_cpu_bf16_8x2", narrow_avx2_x2, in, out);
+        check_level("avx2 lmk_cpu_eo16 + lmk_cpu_bf16_eo", narrow_avx2_eo, in, out);
+        check_widen_eo();
     } else {
         SKIP("avx2: this CPU has no AVX2+FMA");
     }

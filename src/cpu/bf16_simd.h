@@ -86,6 +86,58 @@ LMK_CPU_STEP LMK_TARGET_AVX2 void lmk_cpu_store_bf16_8x2(unsigned char *p, __m25
     else
         _mm256_storeu_si256((__m256i *)(void *)p, h);
 }
+/* Even/odd order: 16 bf16 values at p as one 32-byte load whose 32-bit lanes each hold an element
+ * pair, widened without a shuffle: *e gets elements 0, 2, .., 14 (the low halves shifted up),
+ * *o elements 1, 3, .., 15 (the high halves, masked). Whatever the values meet lane by lane (norm
+ * weights, cos/sin) must be in the same order (lmk_cpu_eo16); lmk_cpu_bf16_eo is the way back.
+ * On the Zen3 dev VM vpmovzxwd and the pack's lane permute issue one a cycle, shifts and packs
+ * two, plain integer ops three or four (docs/cpu_notes.md, "AVX2 even/odd order"). */
+LMK_CPU_STEP LMK_TARGET_AVX2 void lmk_cpu_bf16_widen_eo(const void *p, __m256 *e, __m256 *o)
+{
+    const __m256i u = _mm256_loadu_si256((const __m256i *)p);
+    *e = _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+    *o = _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+/* 16 values in even/odd order (e: elements 0, 2, .., 14; o: 1, 3, .., 15) to 16 bf16 values in
+ * element order: each 32-bit lane is o's rounded high half over e's, so no pack and no permute. */
+LMK_CPU_STEP LMK_TARGET_AVX2 __m256i lmk_cpu_bf16_eo(__m256 e, __m256 o)
+{
+    __m256i re = lmk_cpu_bf16_round8(_mm256_castps_si256(e)), ro = lmk_cpu_bf16_round8(_mm256_castps_si256(o));
+    const __m256 any = _mm256_cmp_ps(e, o, _CMP_UNORD_Q); /* a lane of e or of o is NaN */
+    if (!_mm256_testz_ps(any, any)) {
+        re = lmk_cpu_bf16_fix_nan8(e, re);
+        ro = lmk_cpu_bf16_fix_nan8(o, ro);
+    }
+    return _mm256_or_si256(_mm256_and_si256(ro, _mm256_set1_epi32((int)0xffff0000u)), _mm256_srli_epi32(re, 16));
+}
+
+/* lmk_cpu_bf16_eo(e, o) stored at p, as lmk_cpu_store_bf16_8x2. */
+LMK_CPU_STEP LMK_TARGET_AVX2 void lmk_cpu_store_bf16_eo(unsigned char *p, __m256 e, __m256 o, int nt)
+{
+    const __m256i h = lmk_cpu_bf16_eo(e, o);
+    if (nt)
+        _mm256_stream_si256((__m256i *)(void *)p, h);
+    else
+        _mm256_storeu_si256((__m256i *)(void *)p, h);
+}
+
+/* 16 floats at t from element order to even/odd order, in place. */
+LMK_CPU_STEP LMK_TARGET_AVX2 void lmk_cpu_eo16(float *t)
+{
+    const __m256 v0 = _mm256_loadu_ps(t), v1 = _mm256_loadu_ps(t + 8);
+    const __m256 e = _mm256_shuffle_ps(v0, v1, 0x88), o = _mm256_shuffle_ps(v0, v1, 0xDD); /* 0 2 8 10 | 4 6 12 14 */
+    _mm256_storeu_ps(t, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xD8)));
+    _mm256_storeu_ps(t + 8, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), 0xD8)));
+}
+
+/* e and o (even/odd order) as 16 floats in element order at x. */
+LMK_CPU_STEP LMK_TARGET_AVX2 void lmk_cpu_store_eo_f32(float *x, __m256 e, __m256 o)
+{
+    const __m256 lo = _mm256_unpacklo_ps(e, o), hi = _mm256_unpackhi_ps(e, o); /* 0-3 8-11 | 4-7 12-15 */
+    _mm256_storeu_ps(x, _mm256_permute2f128_ps(lo, hi, 0x20));
+    _mm256_storeu_ps(x + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+}
 #endif /* LMK_CPU_X86 */
 
 #endif /* LMK_CPU_BF16_SIMD_H */

@@ -99,6 +99,8 @@ typedef struct ap_job {
     size_t es, k_ces;             /* bytes per element of q/k/v and of the k cache */
     bool direct_ok;               /* a vector level and pairs and gaps of whole vectors: builds
                                    * may store straight to a row's only destination (TO_DEST) */
+    bool eo;                      /* AVX2, bf16 and direct_ok: rows, norm weights and split pairs'
+                                   * cos/sin in even/odd order (build8_eo) */
     int nt_q, nt_k, nt_kc, nt_vc; /* q_out, k_out, k cache, v cache */
     float k_inv, v_inv;           /* lmk_attn_prologue_exact_inverse of k_scale and v_scale */
 } ap_job;
@@ -1005,9 +1007,76 @@ STEP_KERNEL LMK_TARGET_AVX2 void build8_dt(lmk_dtype dt, int to, const lmk_rope_
     gap8(dt, to, in, out, w, r, g[1][0], g[1][1]);
 }
 
-LMK_TARGET_AVX2 static void build8(lmk_dtype dt, int to, const lmk_rope_args *ra, const unsigned char *in, void *out,
-                                   const float *w, float r, const ap_table *tb)
+/* bf16 rows in even/odd order (jb->eo: AVX2, bf16, direct_ok): every 16-element block of the row
+ * is one 32-byte load widened to its even and odd elements (lmk_cpu_bf16_widen_eo), the weights
+ * and, for split pairs, cos/sin are held in that order (do_tokens puts them so), and the results
+ * leave narrowed in element order (lmk_cpu_bf16_eo) or, into x, interleaved back. Each element
+ * meets the same operands in the same order as in build8_dt, so the bits are the same. Adjacent
+ * pairs are the even and odd elements themselves, with cos/sin in pair order. */
+STEP_KERNEL LMK_TARGET_AVX2 void scaled_eo(const unsigned char *in, size_t i, __m256 rv, const float *w, __m256 *e,
+                                          __m256 *o)
 {
+    lmk_cpu_bf16_widen_eo(in + 2 * i, e, o);
+    *e = _mm256_mul_ps(_mm256_mul_ps(*e, rv), _mm256_loadu_ps(w + i));
+    *o = _mm256_mul_ps(_mm256_mul_ps(*o, rv), _mm256_loadu_ps(w + i + 8));
+}
+
+STEP_KERNEL LMK_TARGET_AVX2 void put_eo(int to, void *out, size_t i, __m256 e, __m256 o)
+{
+    if (to == TO_X)
+        lmk_cpu_store_eo_f32((float *)out + i, e, o);
+    else
+        lmk_cpu_store_bf16_eo((unsigned char *)out + 2 * i, e, o, to == TO_DEST_NT);
+}
+
+STEP_KERNEL LMK_TARGET_AVX2 void build8_eo(int to, const lmk_rope_args *ra, const unsigned char *in, void *out,
+                                           const float *w, float r, const ap_table *tb)
+{
+    const size_t n = ra->angle.n_pairs, st = ra->pair_stride;
+    const __m256 rv = _mm256_set1_ps(r);
+    __m256 ae, ao, be, bo;
+    size_t g[2][2];
+    if (ra->interleaved) {
+        for (size_t p = 0; p < n; p += 8) { /* elements 2p .. 2p + 16: a the even ones, b the odd */
+            scaled_eo(in, 2 * p, rv, w, &ae, &be);
+            const __m256 c = _mm256_loadu_ps(tb->c + p), sn = _mm256_loadu_ps(tb->s + p);
+            put_eo(to, out, 2 * p, _mm256_fmsub_ps(ae, c, _mm256_mul_ps(be, sn)), _mm256_fmadd_ps(be, c, _mm256_mul_ps(ae, sn)));
+        }
+    } else {
+        for (size_t p = 0; p < n; p += 16) {
+            scaled_eo(in, p, rv, w, &ae, &ao);
+            scaled_eo(in, p + st, rv, w, &be, &bo);
+            const __m256 ce = _mm256_loadu_ps(tb->c + p), co = _mm256_loadu_ps(tb->c + p + 8);
+            const __m256 se = _mm256_loadu_ps(tb->s + p), so = _mm256_loadu_ps(tb->s + p + 8);
+            put_eo(to, out, p, _mm256_fmsub_ps(ae, ce, _mm256_mul_ps(be, se)), _mm256_fmsub_ps(ao, co, _mm256_mul_ps(bo, so)));
+            put_eo(to, out, p + st, _mm256_fmadd_ps(ae, se, _mm256_mul_ps(be, ce)),
+                   _mm256_fmadd_ps(ao, so, _mm256_mul_ps(bo, co)));
+        }
+    }
+    gaps_of(ra, g);
+    for (int k = 0; k < 2; k++)
+        for (size_t i = g[k][0]; i < g[k][1]; i += 16) {
+            scaled_eo(in, i, rv, w, &ae, &ao);
+            put_eo(to, out, i, ae, ao);
+        }
+}
+
+/* n floats (a multiple of 16) from element order to even/odd order, 16 at a time. */
+LMK_TARGET_AVX2 static void eo_order8(float *t, size_t n)
+{
+    for (size_t i = 0; i < n; i += 16)
+        lmk_cpu_eo16(t + i);
+}
+
+LMK_TARGET_AVX2 static void build8(lmk_dtype dt, int to, bool eo, const lmk_rope_args *ra, const unsigned char *in,
+                                   void *out, const float *w, float r, const ap_table *tb)
+{
+    if (dt == LMK_BF16 && eo) {
+        to == TO_X ? build8_eo(TO_X, ra, in, out, w, r, tb)
+        : to == TO_DEST ? build8_eo(TO_DEST, ra, in, out, w, r, tb)
+                        : build8_eo(TO_DEST_NT, ra, in, out, w, r, tb);
+        return;
+    }
     if (to == TO_X)
         dt == LMK_F32    ? build8_dt(LMK_F32, TO_X, ra, in, out, w, r, tb)
         : dt == LMK_BF16 ? build8_dt(LMK_BF16, TO_X, ra, in, out, w, r, tb)
@@ -1110,7 +1179,8 @@ LMK_INLINE void sumsq_at(lmk_cpu_isa isa, lmk_dtype dt, const unsigned char *in,
         ss[r] = sumsq_scalar(dt, in + r * stride, 0, n);
 }
 
-LMK_INLINE void build_at(lmk_cpu_isa isa, int to, const lmk_rope_args *ra, const unsigned char *in, void *out,
+/* eo: the call's bf16 rows are built in even/odd order (ap_job.eo, AVX2 only). */
+LMK_INLINE void build_at(lmk_cpu_isa isa, int to, bool eo, const lmk_rope_args *ra, const unsigned char *in, void *out,
                          const float *w, float r, const ap_table *tb)
 {
 #if LMK_CPU_X86
@@ -1119,11 +1189,11 @@ LMK_INLINE void build_at(lmk_cpu_isa isa, int to, const lmk_rope_args *ra, const
         return;
     }
     if (isa == LMK_CPU_AVX2) {
-        build8(ra->dtype, to, ra, in, out, w, r, tb);
+        build8(ra->dtype, to, eo, ra, in, out, w, r, tb);
         return;
     }
 #endif
-    (void)isa, (void)to; /* the scalar level always builds into x */
+    (void)isa, (void)to, (void)eo; /* the scalar level always builds into x */
     build_scalar(ra->dtype, ra, in, (float *)out, w, r, tb);
 }
 
@@ -1166,8 +1236,8 @@ LMK_INLINE void narrow_at(lmk_cpu_isa isa, const row_dest *d, const float *x, si
  * destination when it can (TO_DEST), else through x, narrowed into each. Destinations go last to
  * first: the first may be the input itself (in place), whose bits the others still need without a
  * norm. */
-LMK_INLINE void do_row(lmk_cpu_isa isa, bool direct_ok, const lmk_rope_args *ra, const ap_table *tb, const float *w,
-                       float r, bool norm, const unsigned char *in, const row_dest *dest, int n_dest, float *x)
+LMK_INLINE void do_row(lmk_cpu_isa isa, bool direct_ok, bool eo, const lmk_rope_args *ra, const ap_table *tb,
+                       const float *w, float r, bool norm, const unsigned char *in, const row_dest *dest, int n_dest, float *x)
 {
     const size_t d = ra->head_dim, n = ra->angle.n_pairs, es = ra->dtype == LMK_F32 ? 4 : 2;
     const int whole_rope = ra->rope_dim == ra->head_dim; /* no element outside the pairs */
@@ -1189,7 +1259,7 @@ LMK_INLINE void do_row(lmk_cpu_isa isa, bool direct_ok, const lmk_rope_args *ra,
             copy_to = &dest[1 - b];
         }
     }
-    build_at(isa, to, ra, in, out, w, r, tb);
+    build_at(isa, to, eo, ra, in, out, w, r, tb);
     if (to != TO_X) {
         if (copy_to && copy_to->nt)
             lmk_cpu_stream_copy(copy_to->p, out, d * es);
@@ -1304,15 +1374,26 @@ LMK_INLINE void do_rows(lmk_cpu_isa isa, const ap_job *jb, const ap_table *tb, c
                      jb->nt_kc);
         if (ahead)
             prefetch_row(in + (i * t->in_head + t->in_tok) * es, d * es);
-        do_row(isa, jb->direct_ok, ra, tb, w, norm ? rf[i] : 1.0f, norm, in + i * t->in_head * es, dest, n_dest, x);
+        do_row(isa, jb->direct_ok, jb->eo, ra, tb, w, norm ? rf[i] : 1.0f, norm, in + i * t->in_head * es, dest, n_dest, x);
     }
+}
+
+/* n floats (a multiple of 16 where jb->eo) into even/odd order when the call's rows are built in it. */
+LMK_INLINE void to_eo_at(lmk_cpu_isa isa, const ap_job *jb, float *t, size_t n)
+{
+#if LMK_CPU_X86
+    if (isa == LMK_CPU_AVX2 && jb->eo)
+        eo_order8(t, n);
+#endif
+    (void)isa, (void)jb, (void)t, (void)n;
 }
 
 /* The norm weight of q (k = 0) or k, plus the offset, into w (1 without a norm). do_tokens widens
  * both once per share when they fit w together (head_dim <= FAST_DIM / 2: every real model), else
  * again for each token (q and k alternate), which keeps a second FAST_DIM buffer off the stack. */
-LMK_INLINE void load_weights(lmk_cpu_isa isa, const lmk_attn_prologue_args *a, int k, float *w)
+LMK_INLINE void load_weights(lmk_cpu_isa isa, const ap_job *jb, int k, float *w)
 {
+    const lmk_attn_prologue_args *a = jb->a;
     const void *src = k ? a->k_norm_w : a->q_norm_w;
     const size_t d = a->rope.head_dim;
     if (!src) {
@@ -1324,6 +1405,7 @@ LMK_INLINE void load_weights(lmk_cpu_isa isa, const lmk_attn_prologue_args *a, i
     const float off = (float)a->weight_offset;
     for (size_t i = 0; i < d; i++) /* even + 0: -0 + 0 is +0, as in the reference's w + offset */
         w[i] += off;
+    to_eo_at(isa, jb, w, d);
 }
 
 LMK_INLINE void do_tokens(lmk_cpu_isa isa, const ap_job *jb, ap_table *tb, float *w, ap_buf *b, size_t lo, size_t hi)
@@ -1333,15 +1415,19 @@ LMK_INLINE void do_tokens(lmk_cpu_isa isa, const ap_job *jb, ap_table *tb, float
     const bool both = 2 * d <= FAST_DIM; /* q's and k's weights fit w together: widened once */
     float *x = b->x;
     if (both) {
-        load_weights(isa, a, 0, w);
-        load_weights(isa, a, 1, w + d);
+        load_weights(isa, jb, 0, w);
+        load_weights(isa, jb, 1, w + d);
     }
     for (size_t token = lo; token < hi; token++) {
         const long long slot = slot_of(a, token);
         fill_angles(isa, &a->rope.angle, tb, a->rope.angle.n_pairs, token, b);
+        if (!a->rope.interleaved) { /* split pairs meet cos/sin lane by lane: their order too */
+            to_eo_at(isa, jb, tb->c, a->rope.angle.n_pairs);
+            to_eo_at(isa, jb, tb->s, a->rope.angle.n_pairs);
+        }
         for (int k = 0; k < 2; k++) {
             if (!both)
-                load_weights(isa, a, k, w);
+                load_weights(isa, jb, k, w);
             const float *wk = both && k ? w + d : w;
             for (size_t h0 = 0; h0 < a->rope.t[k].n_heads; h0 += ROW_GROUP) {
                 const size_t h1 = a->rope.t[k].n_heads - h0 < ROW_GROUP ? a->rope.t[k].n_heads : h0 + ROW_GROUP;
@@ -1429,6 +1515,7 @@ lmk_status lmk_cpu_attn_prologue(lmk_stream *s, const void *args)
         const size_t n = a->rope.angle.n_pairs, st = a->rope.pair_stride;
         jb.direct_ok = jb.isa != LMK_CPU_SCALAR && d % 16 == 0 &&
                        (a->rope.interleaved ? n % 8 == 0 : n % 16 == 0 && st % 16 == 0);
+        jb.eo = jb.isa == LMK_CPU_AVX2 && a->rope.dtype == LMK_BF16 && jb.direct_ok;
         jb.nt_q = tensor_nt(&jb, out_bytes, true, a->rope.t[0].out == a->rope.t[0].in, d * es);
         jb.nt_k = tensor_nt(&jb, out_bytes, a->rope.t[1].out != NULL, a->rope.t[1].out == a->rope.t[1].in, d * es);
         jb.nt_kc = tensor_nt(&jb, out_bytes, a->k_cache.data != NULL, false, d * kces);
