@@ -17,10 +17,11 @@
  *    freq_base < 1) use libm for the token.
  * Rows are then rotated in f32 with AVX-512 or AVX2 (chosen at device open), loading bf16/f16 by
  * widening and storing with round-to-nearest-even that gives the same bits as lmk_f32_to_bf16
- * (cpu/bf16_simd.h, shared with lmk_attn_prologue; AVX2 narrows 16 bf16 results at a time) /
- * lmk_f32_to_f16 (NaN included). Split pairs (x[p], x[p + pair_stride]) rotate a vector of a's
- * against a vector of b's; NORMAL's adjacent pairs (x[2p], x[2p+1]) rotate one vector of both,
- * with cos/sin duplicated into lane pairs and the pair swapped in-lane. A row is contiguous
+ * (cpu/bf16_simd.h, shared with lmk_attn_prologue) / lmk_f32_to_f16 (NaN included). Split pairs
+ * (x[p], x[p + pair_stride]) rotate a vector of a's against a vector of b's; NORMAL's adjacent
+ * pairs (x[2p], x[2p+1]) rotate one vector of both, with cos/sin duplicated into lane pairs and
+ * the pair swapped in-lane. AVX2's bf16 steps take 16 values at a time in even/odd order (one
+ * load, no shuffle; adjacent pairs are then the even and odd elements themselves; split8). A row is contiguous
  * whatever the token and head strides, so strided operands (q in [q | gate], q and k in place in
  * a packed QKV buffer) take the same kernels. Elements outside the rotated pairs are byte copies
  * (nothing to do in place). Large out-of-place outputs whose every vector store and copied segment
@@ -431,18 +432,29 @@ PAIRS_KERNEL LMK_TARGET_AVX2 __m256 adjacent_step8(lmk_dtype dt, size_t es, cons
     return _mm256_fmadd_ps(x, c, _mm256_mul_ps(_mm256_permute_ps(x, 0xB1), s));
 }
 
-/* bf16 goes 16 pairs (split) or 8 (adjacent, 16 elements) a step, so that each narrowing takes two
- * vectors (lmk_cpu_store_bf16_8x2; a streamed segment starts on a cache line, so its 32-byte
- * stores are aligned); the 8-lane steps take the rest and the other dtypes. */
+/* bf16 goes 16 pairs (split) or 8 (adjacent, 16 elements) a step in even/odd order
+ * (cpu/bf16_simd.h): each 16 values are one 32-byte load, widened to their even and odd elements
+ * without a shuffle, and leave as one 32-byte store (a streamed segment starts on a cache line, so
+ * those stores are aligned). Split pairs meet cos/sin lane by lane, so rope_task puts each whole
+ * 16 of the token's table in that order (eo_table); adjacent pairs are the even and odd elements
+ * themselves and read the table as it is. Each value meets the same operands in the same order
+ * as in split_step8 / adjacent_step8: the same bits. The 8-lane steps take the rest (the table's
+ * tail stays in pair order) and the other dtypes. */
 PAIRS_KERNEL LMK_TARGET_AVX2 size_t split8(lmk_dtype dt, int nt, size_t es, const unsigned char *ia,
                                          const unsigned char *ib, unsigned char *oa, unsigned char *ob,
                                          const float *cs, const float *sn, size_t n)
 {
     size_t i = 0;
     for (; dt == LMK_BF16 && i + 16 <= n; i += 16) {
-        const rot8 r0 = split_step8(dt, es, ia, ib, cs, sn, i), r1 = split_step8(dt, es, ia, ib, cs, sn, i + 8);
-        lmk_cpu_store_bf16_8x2(oa + i * es, r0.a, r1.a, nt);
-        lmk_cpu_store_bf16_8x2(ob + i * es, r0.b, r1.b, nt);
+        __m256 ae, ao, be, bo;
+        lmk_cpu_bf16_widen_eo(ia + 2 * i, &ae, &ao);
+        lmk_cpu_bf16_widen_eo(ib + 2 * i, &be, &bo);
+        const __m256 ce = _mm256_loadu_ps(cs + i), co = _mm256_loadu_ps(cs + i + 8);
+        const __m256 se = _mm256_loadu_ps(sn + i), so = _mm256_loadu_ps(sn + i + 8);
+        lmk_cpu_store_bf16_eo(oa + 2 * i, _mm256_fmsub_ps(ae, ce, _mm256_mul_ps(be, se)),
+                              _mm256_fmsub_ps(ao, co, _mm256_mul_ps(bo, so)), nt);
+        lmk_cpu_store_bf16_eo(ob + 2 * i, _mm256_fmadd_ps(ae, se, _mm256_mul_ps(be, ce)),
+                              _mm256_fmadd_ps(ao, so, _mm256_mul_ps(bo, co)), nt);
     }
     for (; i + 8 <= n; i += 8) {
         const rot8 r0 = split_step8(dt, es, ia, ib, cs, sn, i);
@@ -456,9 +468,13 @@ PAIRS_KERNEL LMK_TARGET_AVX2 size_t adjacent8(lmk_dtype dt, int nt, size_t es, c
                                             unsigned char *oa, const float *cs, const float *sn, size_t n)
 {
     size_t i = 0;
-    for (; dt == LMK_BF16 && i + 8 <= n; i += 8)
-        lmk_cpu_store_bf16_8x2(oa + 2 * i * es, adjacent_step8(dt, es, ia, cs, sn, i),
-                               adjacent_step8(dt, es, ia, cs, sn, i + 4), nt);
+    for (; dt == LMK_BF16 && i + 8 <= n; i += 8) { /* elements 2i .. 2i + 16: a the even ones, b the odd */
+        __m256 a, b;
+        lmk_cpu_bf16_widen_eo(ia + 4 * i, &a, &b);
+        const __m256 c = _mm256_loadu_ps(cs + i), s = _mm256_loadu_ps(sn + i);
+        lmk_cpu_store_bf16_eo(oa + 4 * i, _mm256_fmsub_ps(a, c, _mm256_mul_ps(b, s)), _mm256_fmadd_ps(b, c, _mm256_mul_ps(a, s)),
+                              nt);
+    }
     for (; i + 4 <= n; i += 4)
         store8(oa + 2 * i * es, adjacent_step8(dt, es, ia, cs, sn, i), dt, nt);
     return i;
@@ -489,6 +505,15 @@ LMK_TARGET_AVX2 static void rows_avx2_split(lmk_dtype dt, const rope_rows *r)
         r->nt ? rows8(LMK_BF16, 1, 0, 2, r) : rows8(LMK_BF16, 0, 0, 2, r);
     else
         r->nt ? rows8(LMK_F16, 1, 0, 2, r) : rows8(LMK_F16, 0, 0, 2, r);
+}
+
+/* The whole 16s of a token's split-pair table into even/odd order (split8's bf16 steps). */
+LMK_TARGET_AVX2 static void eo_table(float *cs, float *sn, size_t n)
+{
+    for (size_t i = 0; i + 16 <= n; i += 16) {
+        lmk_cpu_eo16(cs + i);
+        lmk_cpu_eo16(sn + i);
+    }
 }
 
 LMK_TARGET_AVX2 static void rows_avx2_adjacent(lmk_dtype dt, const rope_rows *r)
@@ -604,6 +629,10 @@ static void rope_task(void *ctx, int tid, int n_threads)
             const size_t last = hi - row < rpt - first ? first + (hi - row) : rpt;
             if (n)
                 angles(j->isa, j->angle, token, tb.axis, tb.freq, tb.max_freq, n, tb.theta, tb.cos, tb.sin);
+#if LMK_CPU_X86
+            if (n && j->isa == LMK_CPU_AVX2 && j->dtype == LMK_BF16 && !j->interleaved)
+                eo_table(tb.cos, tb.sin, n);
+#endif
             process_rows(j, &tb, token, first, last, p0, n, one_chunk || !n);
             row += last - first;
         }
