@@ -2,6 +2,7 @@
 #
 #   make test-sanitize         the whole suite under ASan+UBSan+LSan (build-asan, LMK_TEST_QUICK=1)
 #   make test-tsan             the concurrency tests (test_threads, test_stress) under TSan (build-tsan)
+#   make test-msan             the whole suite under MemorySanitizer (build-msan, clang, LMK_TEST_QUICK=1)
 #   make fuzz [FUZZ_SECONDS=N] build the libFuzzer harnesses (build-fuzz, clang) and run each N s
 #                              (FUZZERS="fuzz_rope fuzz_cases" picks some)
 #   make fuzz-build            only build them
@@ -13,6 +14,7 @@
 # look like a compiler change to cmake, which then deletes the cache and drops every -D flag.
 SAN_CC       ?= $(shell command -v clang 2>/dev/null || command -v gcc)
 FUZZ_CC      ?= $(shell command -v clang 2>/dev/null || echo clang)
+MSAN_CC      ?= $(FUZZ_CC)
 FUZZ_SECONDS ?= 60
 FUZZERS      ?= $(basename $(notdir $(wildcard fuzz/fuzz_*.c)))
 TSAN_TESTS   ?= test_threads test_stress
@@ -27,6 +29,7 @@ SAN_ENV  := LMK_TEST_QUICK=1 \
             UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
             LSAN_OPTIONS=report_objects=1
 TSAN_ENV := TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:history_size=4
+MSAN_ENV := LMK_TEST_QUICK=1 MSAN_OPTIONS=halt_on_error=1
 
 # $(call harden_configure,DIR,COMPILER,VAR,VALUE,FLAGS): configures DIR with FLAGS, then checks that
 # the cache holds VAR=VALUE. A build directory configured differently by another command (another
@@ -40,7 +43,7 @@ harden_configure = cmake -S . -B $(1) -DCMAKE_C_COMPILER=$(2) $(5) >$(1).configu
 
 ASAN_KINDS := address,undefined
 
-.PHONY: test-sanitize test-tsan fuzz fuzz-build
+.PHONY: test-sanitize test-tsan test-msan fuzz fuzz-build
 
 test-sanitize:
 	@$(call harden_configure,build-asan,$(SAN_CC),LMK_SANITIZE,$(ASAN_KINDS),\
@@ -57,6 +60,17 @@ test-tsan:
 	@for t in $(TSAN_TESTS); do ln -s ../tests/$$t build-tsan/tsan-tests/$$t; done
 	@echo "=== test-tsan: ThreadSanitizer, $(SAN_CC)$(if $(TSAN_RUN), (ASLR off: $(TSAN_RUN)))"
 	@$(TSAN_ENV) $(TSAN_RUN) sh tests/run_tests.sh build-tsan/tsan-tests
+
+# MemorySanitizer (clang only) reports a branch, address or call that depends on memory never
+# written, stack slots included: valgrind cannot see a slot that a previous loop iteration wrote
+# (its bytes count as defined), ASan does not look. It found no fault in the suite when added;
+# with fuzz/FINDINGS.md's entry 3 put back, test_attn_prologue and lmk check both report it.
+test-msan:
+	@$(call harden_configure,build-msan,$(MSAN_CC),LMK_SANITIZE,memory,\
+	  -DCMAKE_BUILD_TYPE=$(HARDEN_TYPE) -DLMK_SANITIZE=memory -DLMK_CUDA=OFF)
+	@cmake --build build-msan -j $(JOBS)
+	@echo "=== test-msan: MemorySanitizer, $(MSAN_CC), LMK_TEST_QUICK=1"
+	@$(MSAN_ENV) sh tests/run_tests.sh build-msan/tests
 
 fuzz-build:
 	@$(call harden_configure,build-fuzz,$(FUZZ_CC),LMK_FUZZ,ON,\
