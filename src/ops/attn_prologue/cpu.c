@@ -19,7 +19,10 @@
  * at device open like lmk_rope's (lmk_cpu_stream_isa), and scalar ones for the scalar level and
  * LMK_CPU_PORTABLE builds. Split pairs (NEOX, MROPE, IMROPE, VISION: x[p], x[p + pair_stride])
  * rotate a vector of a's against a vector of b's; NORMAL's adjacent pairs rotate one vector of
- * both with cos/sin duplicated into lane pairs and the pair swapped in-lane. The vector narrowing
+ * both with cos/sin duplicated into lane pairs and the pair swapped in-lane; AVX2's bf16 rows go 16
+ * elements a step in even/odd order instead (build8_eo: one load, no shuffle, norm weights and
+ * split pairs' cos/sin kept in that order). A row group's sums of squares and norm factors are
+ * formed four rows at a time (their chains are latency). The vector narrowing
  * gives the bits of lmk_f32_to_bf16 (cpu/bf16_simd.h, shared with lmk_rope) / lmk_f32_to_f16
  * (NaN included) and of
  * lmk_f8e4m3_from_f32_bits (core/f8.h) on x / scale, formed as x * (1 / scale) when that inverse
@@ -39,7 +42,7 @@
  * Stack use is fixed: per-pair tables for CHUNK pairs (larger rope_dim is processed chunk by
  * chunk), norm factors for CHUNK rows at a time, and on the row path one row and a buffer of the
  * widened norm weights (q's and k's together, or refilled per token when they do not fit): 9.2 KB
- * in all measured at -O2 (gcc; clang 9.9 KB), 15.4 KB at -O0 (gcc, AVX-512; AVX2 12.3 KB), inside
+ * in all measured at -O2 (gcc; clang 9.9 KB), 15.6 KB at -O0 (gcc, AVX-512; AVX2 12.9 KB), inside
  * lmk.h's 16 KiB bound (tests/test_small_stack.c).
  */
 #include "cpu/bf16_simd.h"
