@@ -62,29 +62,42 @@ LMK_CPU_STEP LMK_TARGET_AVX2 __m128i lmk_cpu_bf16_8(__m256 v)
     return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 
+/* The rounded bits of two vectors, NaN lanes fixed, before the final shift: the fix-up only runs
+ * when a lane of either is NaN. */
+LMK_CPU_STEP LMK_TARGET_AVX2 void lmk_cpu_bf16_round8x2(__m256 a, __m256 b, __m256i *ra, __m256i *rb)
+{
+    *ra = lmk_cpu_bf16_round8(_mm256_castps_si256(a)), *rb = lmk_cpu_bf16_round8(_mm256_castps_si256(b));
+    const __m256 any = _mm256_cmp_ps(a, b, _CMP_UNORD_Q); /* a lane of a or of b is NaN */
+    if (!_mm256_testz_ps(any, any)) {
+        *ra = lmk_cpu_bf16_fix_nan8(a, *ra);
+        *rb = lmk_cpu_bf16_fix_nan8(b, *rb);
+    }
+}
+
 /* 16 lanes (a, then b) to 16 bf16 values in that order. The pack never saturates: every lane is
  * at most 0xffff after the shift. */
 LMK_CPU_STEP LMK_TARGET_AVX2 __m256i lmk_cpu_bf16_8x2(__m256 a, __m256 b)
 {
-    __m256i ra = lmk_cpu_bf16_round8(_mm256_castps_si256(a)), rb = lmk_cpu_bf16_round8(_mm256_castps_si256(b));
-    const __m256 any = _mm256_cmp_ps(a, b, _CMP_UNORD_Q); /* a lane of a or of b is NaN */
-    if (!_mm256_testz_ps(any, any)) {
-        ra = lmk_cpu_bf16_fix_nan8(a, ra);
-        rb = lmk_cpu_bf16_fix_nan8(b, rb);
-    }
+    __m256i ra, rb;
+    lmk_cpu_bf16_round8x2(a, b, &ra, &rb);
     const __m256i w = _mm256_packus_epi32(_mm256_srli_epi32(ra, 16), _mm256_srli_epi32(rb, 16)); /* a0-3 b0-3 a4-7 b4-7 */
     return _mm256_permute4x64_epi64(w, 0xD8);
 }
 
-/* lmk_cpu_bf16_8x2(a, b) stored as one 32-byte store at p, streaming when nt (p then 32-byte
- * aligned: both ops stream only rows whose segments start on cache lines). */
-LMK_CPU_STEP LMK_TARGET_AVX2 void lmk_cpu_store_bf16_8x2(unsigned char *p, __m256 a, __m256 b, int nt)
+/* 16 bf16 values as one 32-byte store at p, streaming when nt (p then 32-byte aligned: both ops
+ * stream only rows whose segments start on cache lines). */
+LMK_CPU_STEP LMK_TARGET_AVX2 void lmk_cpu_store_bf16_16(unsigned char *p, __m256i h, int nt)
 {
-    const __m256i h = lmk_cpu_bf16_8x2(a, b);
     if (nt)
         _mm256_stream_si256((__m256i *)(void *)p, h);
     else
         _mm256_storeu_si256((__m256i *)(void *)p, h);
+}
+
+/* lmk_cpu_bf16_8x2(a, b) stored at p. */
+LMK_CPU_STEP LMK_TARGET_AVX2 void lmk_cpu_store_bf16_8x2(unsigned char *p, __m256 a, __m256 b, int nt)
+{
+    lmk_cpu_store_bf16_16(p, lmk_cpu_bf16_8x2(a, b), nt);
 }
 /* Even/odd order: 16 bf16 values at p as one 32-byte load whose 32-bit lanes each hold an element
  * pair, widened without a shuffle: *e gets elements 0, 2, .., 14 (the low halves shifted up),
@@ -103,23 +116,15 @@ LMK_CPU_STEP LMK_TARGET_AVX2 void lmk_cpu_bf16_widen_eo(const void *p, __m256 *e
  * element order: each 32-bit lane is o's rounded high half over e's, so no pack and no permute. */
 LMK_CPU_STEP LMK_TARGET_AVX2 __m256i lmk_cpu_bf16_eo(__m256 e, __m256 o)
 {
-    __m256i re = lmk_cpu_bf16_round8(_mm256_castps_si256(e)), ro = lmk_cpu_bf16_round8(_mm256_castps_si256(o));
-    const __m256 any = _mm256_cmp_ps(e, o, _CMP_UNORD_Q); /* a lane of e or of o is NaN */
-    if (!_mm256_testz_ps(any, any)) {
-        re = lmk_cpu_bf16_fix_nan8(e, re);
-        ro = lmk_cpu_bf16_fix_nan8(o, ro);
-    }
+    __m256i re, ro;
+    lmk_cpu_bf16_round8x2(e, o, &re, &ro);
     return _mm256_or_si256(_mm256_and_si256(ro, _mm256_set1_epi32((int)0xffff0000u)), _mm256_srli_epi32(re, 16));
 }
 
-/* lmk_cpu_bf16_eo(e, o) stored at p, as lmk_cpu_store_bf16_8x2. */
+/* lmk_cpu_bf16_eo(e, o) stored at p. */
 LMK_CPU_STEP LMK_TARGET_AVX2 void lmk_cpu_store_bf16_eo(unsigned char *p, __m256 e, __m256 o, int nt)
 {
-    const __m256i h = lmk_cpu_bf16_eo(e, o);
-    if (nt)
-        _mm256_stream_si256((__m256i *)(void *)p, h);
-    else
-        _mm256_storeu_si256((__m256i *)(void *)p, h);
+    lmk_cpu_store_bf16_16(p, lmk_cpu_bf16_eo(e, o), nt);
 }
 
 /* 16 floats at t from element order to even/odd order, in place. */
