@@ -30,14 +30,60 @@
 #define LMK_CPU_STEP static inline
 #endif
 
-/* 16 lanes to 16 bf16 values. */
-LMK_CPU_STEP LMK_TARGET_AVX512 __m256i lmk_cpu_bf16_16(__m512 v)
+/* The rounded bits of 16 lanes before the final shift, NaN lanes fixed (a mask does it). */
+LMK_CPU_STEP LMK_TARGET_AVX512 __m512i lmk_cpu_bf16_round16(__m512 v)
 {
     const __m512i u = _mm512_castps_si512(v);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
-    r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), u, _mm512_set1_epi32(0x400000));
-    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
+    return _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), u, _mm512_set1_epi32(0x400000));
+}
+
+/* 16 lanes to 16 bf16 values. */
+LMK_CPU_STEP LMK_TARGET_AVX512 __m256i lmk_cpu_bf16_16(__m512 v)
+{
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(lmk_cpu_bf16_round16(v), 16));
+}
+
+/* The even/odd order of the AVX2 functions below on 32 elements: one 64-byte load, *e elements
+ * 0, 2, .., 30, *o elements 1, 3, .., 31; no vpmovzxwd and, on the way back, no vpmovdw (both
+ * shuffles). */
+LMK_CPU_STEP LMK_TARGET_AVX512 void lmk_cpu_bf16_widen_eo16(const void *p, __m512 *e, __m512 *o)
+{
+    const __m512i u = _mm512_loadu_si512(p);
+    *e = _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+    *o = _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* 32 values in even/odd order to 32 bf16 values in element order, stored at p as one 64-byte
+ * store (streaming when nt: p is then 64-byte aligned). */
+LMK_CPU_STEP LMK_TARGET_AVX512 void lmk_cpu_store_bf16_eo16(unsigned char *p, __m512 e, __m512 o, int nt)
+{
+    const __m512i h = _mm512_or_si512(_mm512_and_si512(lmk_cpu_bf16_round16(o), _mm512_set1_epi32((int)0xffff0000u)),
+                                      _mm512_srli_epi32(lmk_cpu_bf16_round16(e), 16));
+    if (nt)
+        _mm512_stream_si512((void *)p, h);
+    else
+        _mm512_storeu_si512((void *)p, h);
+}
+
+/* 32 floats at t from element order to even/odd order, in place. */
+LMK_CPU_STEP LMK_TARGET_AVX512 void lmk_cpu_eo32(float *t)
+{
+    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    const __m512 v0 = _mm512_loadu_ps(t), v1 = _mm512_loadu_ps(t + 16);
+    _mm512_storeu_ps(t, _mm512_permutex2var_ps(v0, ie, v1));
+    _mm512_storeu_ps(t + 16, _mm512_permutex2var_ps(v0, io, v1));
+}
+
+/* e and o (even/odd order) as 32 floats in element order at x. */
+LMK_CPU_STEP LMK_TARGET_AVX512 void lmk_cpu_store_eo16_f32(float *x, __m512 e, __m512 o)
+{
+    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    _mm512_storeu_ps(x, _mm512_permutex2var_ps(e, lo, o));
+    _mm512_storeu_ps(x + 16, _mm512_permutex2var_ps(e, hi, o));
 }
 
 /* The rounded bits before the final shift, NaN not yet fixed. */

@@ -19,9 +19,10 @@
  * at device open like lmk_rope's (lmk_cpu_stream_isa), and scalar ones for the scalar level and
  * LMK_CPU_PORTABLE builds. Split pairs (NEOX, MROPE, IMROPE, VISION: x[p], x[p + pair_stride])
  * rotate a vector of a's against a vector of b's; NORMAL's adjacent pairs rotate one vector of
- * both with cos/sin duplicated into lane pairs and the pair swapped in-lane; AVX2's bf16 rows go 16
- * elements a step in even/odd order instead (build8_eo: one load, no shuffle, norm weights and
- * split pairs' cos/sin kept in that order). A row group's sums of squares and norm factors are
+ * both with cos/sin duplicated into lane pairs and the pair swapped in-lane; bf16 rows go 16 (AVX2)
+ * or 32 (AVX-512) elements a step in even/odd order instead where their pair runs and gaps are
+ * whole steps (build8_eo, build16_eo: one load, no shuffle, norm weights and split pairs' cos/sin
+ * kept in that order). A row group's sums of squares and norm factors are
  * formed four rows at a time (their chains are latency). The vector narrowing
  * gives the bits of lmk_f32_to_bf16 (cpu/bf16_simd.h, shared with lmk_rope) / lmk_f32_to_f16
  * (NaN included) and of
@@ -102,8 +103,9 @@ typedef struct ap_job {
     size_t es, k_ces;             /* bytes per element of q/k/v and of the k cache */
     bool direct_ok;               /* a vector level and pairs and gaps of whole vectors: builds
                                    * may store straight to a row's only destination (TO_DEST) */
-    bool eo;                      /* AVX2, bf16 and direct_ok: rows, norm weights and split pairs'
-                                   * cos/sin in even/odd order (build8_eo) */
+    bool eo;                      /* bf16, direct_ok, every pair run and gap whole blocks of 16
+                                   * (AVX2) or 32 (AVX-512): rows, norm weights and split pairs'
+                                   * cos/sin in even/odd order (build8_eo, build16_eo) */
     int nt_q, nt_k, nt_kc, nt_vc; /* q_out, k_out, k cache, v cache */
     float k_inv, v_inv;           /* lmk_attn_prologue_exact_inverse of k_scale and v_scale */
 } ap_job;
@@ -674,9 +676,72 @@ STEP_KERNEL LMK_TARGET_AVX512 void build16_dt(lmk_dtype dt, int to, const lmk_ro
     gap16(dt, to, in, out, w, r, g[1][0], g[1][1]);
 }
 
-LMK_TARGET_AVX512 static void build16(lmk_dtype dt, int to, const lmk_rope_args *ra, const unsigned char *in, void *out,
-                                      const float *w, float r, const ap_table *tb)
+/* build8_eo's even/odd order on 32-element blocks (ap_job.eo at this level: every pair run and
+ * gap a whole 32). */
+STEP_KERNEL LMK_TARGET_AVX512 void scaled_eo16(const unsigned char *in, size_t i, __m512 rv, const float *w, __m512 *e,
+                                              __m512 *o)
 {
+    lmk_cpu_bf16_widen_eo16(in + 2 * i, e, o);
+    *e = _mm512_mul_ps(_mm512_mul_ps(*e, rv), _mm512_loadu_ps(w + i));
+    *o = _mm512_mul_ps(_mm512_mul_ps(*o, rv), _mm512_loadu_ps(w + i + 16));
+}
+
+STEP_KERNEL LMK_TARGET_AVX512 void put_eo16(int to, void *out, size_t i, __m512 e, __m512 o)
+{
+    if (to == TO_X)
+        lmk_cpu_store_eo16_f32((float *)out + i, e, o);
+    else
+        lmk_cpu_store_bf16_eo16((unsigned char *)out + 2 * i, e, o, to == TO_DEST_NT);
+}
+
+STEP_KERNEL LMK_TARGET_AVX512 void build16_eo(int to, const lmk_rope_args *ra, const unsigned char *in, void *out,
+                                              const float *w, float r, const ap_table *tb)
+{
+    const size_t n = ra->angle.n_pairs, st = ra->pair_stride;
+    const __m512 rv = _mm512_set1_ps(r);
+    __m512 ae, ao, be, bo;
+    size_t g[2][2];
+    if (ra->interleaved) {
+        for (size_t p = 0; p < n; p += 16) { /* elements 2p .. 2p + 32: a the even ones, b the odd */
+            scaled_eo16(in, 2 * p, rv, w, &ae, &be);
+            const __m512 c = _mm512_loadu_ps(tb->c + p), sn = _mm512_loadu_ps(tb->s + p);
+            put_eo16(to, out, 2 * p, _mm512_fmsub_ps(ae, c, _mm512_mul_ps(be, sn)), _mm512_fmadd_ps(be, c, _mm512_mul_ps(ae, sn)));
+        }
+    } else {
+        for (size_t p = 0; p < n; p += 32) {
+            scaled_eo16(in, p, rv, w, &ae, &ao);
+            scaled_eo16(in, p + st, rv, w, &be, &bo);
+            const __m512 ce = _mm512_loadu_ps(tb->c + p), co = _mm512_loadu_ps(tb->c + p + 16);
+            const __m512 se = _mm512_loadu_ps(tb->s + p), so = _mm512_loadu_ps(tb->s + p + 16);
+            put_eo16(to, out, p, _mm512_fmsub_ps(ae, ce, _mm512_mul_ps(be, se)), _mm512_fmsub_ps(ao, co, _mm512_mul_ps(bo, so)));
+            put_eo16(to, out, p + st, _mm512_fmadd_ps(ae, se, _mm512_mul_ps(be, ce)),
+                     _mm512_fmadd_ps(ao, so, _mm512_mul_ps(bo, co)));
+        }
+    }
+    gaps_of(ra, g);
+    for (int k = 0; k < 2; k++)
+        for (size_t i = g[k][0]; i < g[k][1]; i += 32) {
+            scaled_eo16(in, i, rv, w, &ae, &ao);
+            put_eo16(to, out, i, ae, ao);
+        }
+}
+
+/* n floats (a multiple of 32) from element order to even/odd order, 32 at a time. */
+LMK_TARGET_AVX512 static void eo_order16(float *t, size_t n)
+{
+    for (size_t i = 0; i < n; i += 32)
+        lmk_cpu_eo32(t + i);
+}
+
+LMK_TARGET_AVX512 static void build16(lmk_dtype dt, int to, bool eo, const lmk_rope_args *ra, const unsigned char *in,
+                                      void *out, const float *w, float r, const ap_table *tb)
+{
+    if (dt == LMK_BF16 && eo) {
+        to == TO_X ? build16_eo(TO_X, ra, in, out, w, r, tb)
+        : to == TO_DEST ? build16_eo(TO_DEST, ra, in, out, w, r, tb)
+                        : build16_eo(TO_DEST_NT, ra, in, out, w, r, tb);
+        return;
+    }
     if (to == TO_X)
         dt == LMK_F32    ? build16_dt(LMK_F32, TO_X, ra, in, out, w, r, tb)
         : dt == LMK_BF16 ? build16_dt(LMK_BF16, TO_X, ra, in, out, w, r, tb)
@@ -1026,7 +1091,7 @@ STEP_KERNEL LMK_TARGET_AVX2 void build8_dt(lmk_dtype dt, int to, const lmk_rope_
     gap8(dt, to, in, out, w, r, g[1][0], g[1][1]);
 }
 
-/* bf16 rows in even/odd order (jb->eo: AVX2, bf16, direct_ok): every 16-element block of the row
+/* bf16 rows in even/odd order (jb->eo, AVX2): every 16-element block of the row
  * is one 32-byte load widened to its even and odd elements (lmk_cpu_bf16_widen_eo), the weights
  * and, for split pairs, cos/sin are held in that order (do_tokens puts them so), and the results
  * leave narrowed in element order (lmk_cpu_bf16_eo) or, into x, interleaved back. Each element
@@ -1212,13 +1277,13 @@ LMK_INLINE void sumsq_at(lmk_cpu_isa isa, lmk_dtype dt, const unsigned char *in,
         ss[r] = sumsq_scalar(dt, in + r * stride, 0, n);
 }
 
-/* eo: the call's bf16 rows are built in even/odd order (ap_job.eo, AVX2 only). */
+/* eo: the call's bf16 rows are built in even/odd order (ap_job.eo). */
 LMK_INLINE void build_at(lmk_cpu_isa isa, int to, bool eo, const lmk_rope_args *ra, const unsigned char *in, void *out,
                          const float *w, float r, const ap_table *tb)
 {
 #if LMK_CPU_X86
     if (isa == LMK_CPU_AVX512) {
-        build16(ra->dtype, to, ra, in, out, w, r, tb);
+        build16(ra->dtype, to, eo, ra, in, out, w, r, tb);
         return;
     }
     if (isa == LMK_CPU_AVX2) {
@@ -1410,10 +1475,13 @@ LMK_INLINE void do_rows(lmk_cpu_isa isa, const ap_job *jb, const ap_table *tb, c
     }
 }
 
-/* n floats (a multiple of 16 where jb->eo) into even/odd order when the call's rows are built in it. */
+/* n floats (a multiple of the level's block where jb->eo) into even/odd order when the call's rows
+ * are built in it. */
 LMK_INLINE void to_eo_at(lmk_cpu_isa isa, const ap_job *jb, float *t, size_t n)
 {
 #if LMK_CPU_X86
+    if (isa == LMK_CPU_AVX512 && jb->eo)
+        eo_order16(t, n);
     if (isa == LMK_CPU_AVX2 && jb->eo)
         eo_order8(t, n);
 #endif
@@ -1547,7 +1615,9 @@ lmk_status lmk_cpu_attn_prologue(lmk_stream *s, const void *args)
         const size_t n = a->rope.angle.n_pairs, st = a->rope.pair_stride;
         jb.direct_ok = jb.isa != LMK_CPU_SCALAR && d % 16 == 0 &&
                        (a->rope.interleaved ? n % 8 == 0 : n % 16 == 0 && st % 16 == 0);
-        jb.eo = jb.isa == LMK_CPU_AVX2 && a->rope.dtype == LMK_BF16 && jb.direct_ok;
+        const size_t blk = jb.isa == LMK_CPU_AVX512 ? 32 : 16; /* elements of an even/odd block */
+        jb.eo = jb.direct_ok && a->rope.dtype == LMK_BF16 && d % blk == 0 &&
+                (a->rope.interleaved ? 2 * n % blk == 0 : n % blk == 0 && st % blk == 0);
         jb.nt_q = tensor_nt(&jb, out_bytes, true, a->rope.t[0].out == a->rope.t[0].in, d * es);
         jb.nt_k = tensor_nt(&jb, out_bytes, a->rope.t[1].out != NULL, a->rope.t[1].out == a->rope.t[1].in, d * es);
         jb.nt_kc = tensor_nt(&jb, out_bytes, a->k_cache.data != NULL, false, d * kces);

@@ -20,8 +20,9 @@
  * (cpu/bf16_simd.h, shared with lmk_attn_prologue) / lmk_f32_to_f16 (NaN included). Split pairs
  * (x[p], x[p + pair_stride]) rotate a vector of a's against a vector of b's; NORMAL's adjacent
  * pairs (x[2p], x[2p+1]) rotate one vector of both, with cos/sin duplicated into lane pairs and
- * the pair swapped in-lane. AVX2's bf16 steps take 16 values at a time in even/odd order (one
- * load, no shuffle; adjacent pairs are then the even and odd elements themselves; split8). A row is contiguous
+ * the pair swapped in-lane. The bf16 steps take 16 (AVX2) or 32 (AVX-512) values at a time in
+ * even/odd order (one load, no shuffle; adjacent pairs are then the even and odd elements
+ * themselves; split8). A row is contiguous
  * whatever the token and head strides, so strided operands (q in [q | gate], q and k in place in
  * a packed QKV buffer) take the same kernels. Elements outside the rotated pairs are byte copies
  * (nothing to do in place). Large out-of-place outputs whose every vector store and copied segment
@@ -316,6 +317,17 @@ PAIRS_KERNEL LMK_TARGET_AVX512 size_t split16(lmk_dtype dt, int nt, size_t es, c
                                             const float *cs, const float *sn, size_t n)
 {
     size_t i = 0;
+    for (; dt == LMK_BF16 && i + 32 <= n; i += 32) { /* split8's even/odd steps on 32 pairs */
+        __m512 ae, ao, be, bo;
+        lmk_cpu_bf16_widen_eo16(ia + 2 * i, &ae, &ao);
+        lmk_cpu_bf16_widen_eo16(ib + 2 * i, &be, &bo);
+        const __m512 ce = _mm512_loadu_ps(cs + i), co = _mm512_loadu_ps(cs + i + 16);
+        const __m512 se = _mm512_loadu_ps(sn + i), so = _mm512_loadu_ps(sn + i + 16);
+        lmk_cpu_store_bf16_eo16(oa + 2 * i, _mm512_fmsub_ps(ae, ce, _mm512_mul_ps(be, se)),
+                                _mm512_fmsub_ps(ao, co, _mm512_mul_ps(bo, so)), nt);
+        lmk_cpu_store_bf16_eo16(ob + 2 * i, _mm512_fmadd_ps(ae, se, _mm512_mul_ps(be, ce)),
+                                _mm512_fmadd_ps(ao, so, _mm512_mul_ps(bo, co)), nt);
+    }
     for (; i + 16 <= n; i += 16) {
         const __m512 a = load16(ia + i * es, dt), b = load16(ib + i * es, dt);
         const __m512 c = _mm512_loadu_ps(cs + i), s = _mm512_loadu_ps(sn + i);
@@ -333,6 +345,13 @@ PAIRS_KERNEL LMK_TARGET_AVX512 size_t adjacent16(lmk_dtype dt, int nt, size_t es
     const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
     const __m512i neg_even = _mm512_set1_epi64(0x80000000); /* sign bit of lanes 0, 2, 4, ... */
     size_t i = 0;
+    for (; dt == LMK_BF16 && i + 16 <= n; i += 16) { /* elements 2i .. 2i + 32: a the even ones, b the odd */
+        __m512 a, b;
+        lmk_cpu_bf16_widen_eo16(ia + 4 * i, &a, &b);
+        const __m512 c = _mm512_loadu_ps(cs + i), s = _mm512_loadu_ps(sn + i);
+        lmk_cpu_store_bf16_eo16(oa + 4 * i, _mm512_fmsub_ps(a, c, _mm512_mul_ps(b, s)), _mm512_fmadd_ps(b, c, _mm512_mul_ps(a, s)),
+                                nt);
+    }
     for (; i + 8 <= n; i += 8) {
         const __m512 x = load16(ia + 2 * i * es, dt);
         const __m512 c = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(cs + i)));
@@ -516,6 +535,15 @@ LMK_TARGET_AVX2 static void eo_table(float *cs, float *sn, size_t n)
     }
 }
 
+/* The same for split16's 32-pair steps. */
+LMK_TARGET_AVX512 static void eo_table16(float *cs, float *sn, size_t n)
+{
+    for (size_t i = 0; i + 32 <= n; i += 32) {
+        lmk_cpu_eo32(cs + i);
+        lmk_cpu_eo32(sn + i);
+    }
+}
+
 LMK_TARGET_AVX2 static void rows_avx2_adjacent(lmk_dtype dt, const rope_rows *r)
 {
     if (dt == LMK_F32)
@@ -632,6 +660,8 @@ static void rope_task(void *ctx, int tid, int n_threads)
 #if LMK_CPU_X86
             if (n && j->isa == LMK_CPU_AVX2 && j->dtype == LMK_BF16 && !j->interleaved)
                 eo_table(tb.cos, tb.sin, n);
+            if (n && j->isa == LMK_CPU_AVX512 && j->dtype == LMK_BF16 && !j->interleaved)
+                eo_table16(tb.cos, tb.sin, n);
 #endif
             process_rows(j, &tb, token, first, last, p0, n, one_chunk || !n);
             row += last - first;
