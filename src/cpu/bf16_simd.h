@@ -15,6 +15,12 @@
  * NaN, behind one compare and a test, and the 16 values leave in one 32-byte store. That took
  * 7-9% off lmk_attn_prologue's bf16 prompts and 10% off lmk_rope's Llama bf16 prompt on the Zen3
  * dev VM (docs/cpu_notes.md, "AVX2 bf16 stores").
+ *
+ * The even/odd order (the _eo functions) goes further: a block of 16 (AVX2) or 32 (AVX-512) bf16
+ * values is one load whose 32-bit lanes each hold two elements, so the widening is a shift and a
+ * mask and the narrowing puts each lane's odd result over its even one, with no shuffle either
+ * way; the caller keeps whatever meets the values lane by lane (weights, cos/sin) in the same
+ * order (lmk_cpu_eo16, lmk_cpu_eo32). docs/cpu_notes.md, "Row chains and the even/odd order".
  */
 #ifndef LMK_CPU_BF16_SIMD_H
 #define LMK_CPU_BF16_SIMD_H
