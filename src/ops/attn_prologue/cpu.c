@@ -43,7 +43,7 @@
  * Stack use is fixed: per-pair tables for CHUNK pairs (larger rope_dim is processed chunk by
  * chunk), norm factors for CHUNK rows at a time, and on the row path one row and a buffer of the
  * widened norm weights (q's and k's together, or refilled per token when they do not fit): 9.2 KB
- * in all measured at -O2 (gcc; clang 9.9 KB), 15.6 KB at -O0 (gcc, AVX-512; AVX2 12.9 KB), inside
+ * in all measured at -O2 (gcc; clang 9.9 KB), 15.7 KB at -O0 (gcc, AVX-512; AVX2 12.9 KB), inside
  * lmk.h's 16 KiB bound (tests/test_small_stack.c).
  */
 #include "cpu/bf16_simd.h"
