@@ -268,10 +268,12 @@ static inline pid_t current_pid(void)
 
 /* ---- streams: the pool ---- */
 
-/* Waiting first spins for about this many pause instructions (tens of microseconds) before
- * sleeping. Waking a sleeping thread costs 10-30 us on a VM (the idle vCPU must be rescheduled by
- * the host), longer than a whole op of a few hundred KB; ops of a prefill follow each other
- * closely, so a worker that has just finished usually finds the next job while still spinning. */
+/* Waiting first spins for this many pause instructions before sleeping. Waking a sleeping thread
+ * costs longer than a whole op of a few hundred KB takes (on a VM the idle vCPU must be rescheduled
+ * by the host); ops of a prefill follow each other closely, so a worker that has just finished
+ * usually finds the next job while still spinning. A short spin also bounds what a spinning thread
+ * takes from another process that shares its core (docs/decisions.md, "A spinning-then-sleeping
+ * pool per stream"). */
 #define SPIN_PAUSES 256
 
 static inline void cpu_pause(void)
@@ -358,7 +360,7 @@ static int pool_start_workers(cpu_pool *p)
     /* Return only once every started worker runs worker_main: a thread still starting may hold a
      * lock of the C runtime (clang 14's AddressSanitizer frees memory in its thread set-up, under
      * its allocator's lock), and a fork() taken then would hand the child that lock held forever
-     * (tests/test_faults.c's fork cases hung one run in ~15 under ASan before this wait). */
+     * (docs/hardening.md, "Findings"; tests/test_faults.c's fork cases under ASan). */
     pthread_mutex_lock(&p->mu);
     while (p->n_ready < p->n_started)
         pthread_cond_wait(&p->done, &p->mu);

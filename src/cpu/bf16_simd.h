@@ -12,15 +12,15 @@
  *
  * AVX2 narrows two vectors at a time where a caller has 16 results (lmk_cpu_bf16_8x2): the NaN
  * fix-up (a compare, an OR and a blend a vector) then runs only when a lane of either vector is
- * NaN, behind one compare and a test, and the 16 values leave in one 32-byte store. That took
- * 7-9% off lmk_attn_prologue's bf16 prompts and 10% off lmk_rope's Llama bf16 prompt on the Zen3
- * dev VM (docs/cpu_notes.md, "AVX2 bf16 stores").
+ * NaN, behind one compare and a test, and the 16 values leave in one 32-byte store: the narrowing
+ * was the largest piece of the AVX2 bf16 rotation loops (docs/cpu.md, "bf16 narrowing and the
+ * even/odd order").
  *
  * The even/odd order (the _eo functions) goes further: a block of 16 (AVX2) or 32 (AVX-512) bf16
  * values is one load whose 32-bit lanes each hold two elements, so the widening is a shift and a
  * mask and the narrowing puts each lane's odd result over its even one, with no shuffle either
  * way; the caller keeps whatever meets the values lane by lane (weights, cos/sin) in the same
- * order (lmk_cpu_eo16, lmk_cpu_eo32). docs/cpu_notes.md, "Row chains and the even/odd order".
+ * order (lmk_cpu_eo16, lmk_cpu_eo32). docs/cpu.md, "bf16 narrowing and the even/odd order".
  */
 #ifndef LMK_CPU_BF16_SIMD_H
 #define LMK_CPU_BF16_SIMD_H
@@ -155,8 +155,8 @@ LMK_CPU_STEP LMK_TARGET_AVX2 void lmk_cpu_store_bf16_8x2(unsigned char *p, __m25
  * pair, widened without a shuffle: *e gets elements 0, 2, .., 14 (the low halves shifted up),
  * *o elements 1, 3, .., 15 (the high halves, masked). Whatever the values meet lane by lane (norm
  * weights, cos/sin) must be in the same order (lmk_cpu_eo16); lmk_cpu_bf16_eo is the way back.
- * On the Zen3 dev VM vpmovzxwd and the pack's lane permute issue one a cycle, shifts and packs
- * two, plain integer ops three or four (docs/cpu_notes.md, "AVX2 even/odd order"). */
+ * vpmovzxwd and the pack's lane permute issue at most one a cycle on common x86 cores, shifts and
+ * packs two, plain integer ops three or four, so the loops avoid the first two. */
 LMK_CPU_STEP LMK_TARGET_AVX2 void lmk_cpu_bf16_widen_eo(const void *p, __m256 *e, __m256 *o)
 {
     const __m256i u = _mm256_loadu_si256((const __m256i *)p);

@@ -49,8 +49,8 @@ typedef enum lmk_cpu_isa { LMK_CPU_SCALAR = 0, LMK_CPU_AVX2 = 1, LMK_CPU_AVX512 
 #define LMK_CPU_STREAM_MIN_BYTES ((size_t)4 << 20)
 
 /* Ops that move fewer bytes than this run on the calling thread alone: waking a sleeping worker
- * costs 10-20 us on a VM, more than a small op (a decode step) takes. Measured crossover with
- * spinning workers: 256 KB of rope ran in 3.1 us on 2 threads vs 3.9 us on 1. */
+ * costs more than a small op (a decode step) takes. With spinning workers, two threads beat one
+ * from about this size on (docs/decisions.md, "A spinning-then-sleeping pool per stream"). */
 #define LMK_CPU_PARALLEL_MIN_BYTES ((size_t)256 << 10)
 
 /* One share of an op: called once per thread with tid in [0, n_threads). */
@@ -80,7 +80,7 @@ void lmk_cpu_name_device(lmk_device *dev);
  * lmk_attn_prologue share it). AVX512/AVX2: vector polynomials, which need n a multiple of 8 and
  * every |theta[i]| <= LMK_CPU_SINCOS_VECTOR_MAX; SCALAR: libm, any n and theta. Levels could round
  * a value differently in its last bit (lmk.h allows it across levels); none did on 98M random
- * angles up to 2^40 (docs/cpu_notes.md, "attn_prologue"). */
+ * angles up to 2^40 (docs/cpu.md, "Angles: lmk_cpu_sincos"). */
 void lmk_cpu_sincos(lmk_cpu_isa isa, const double *theta, float *c, float *s, size_t n, double m);
 
 
@@ -97,7 +97,7 @@ static inline void lmk_cpu_share(size_t n, int tid, int nth, size_t grain, size_
 }
 
 /* Copies n bytes with streaming stores: dst must be 16-byte aligned and n a multiple of 16.
- * SSE2 is part of x86-64, so this needs no dispatch; wider vectors were measured no faster (the
+ * SSE2 is part of x86-64, so this needs no dispatch; wider vectors move nothing faster (the
  * memory bus is the limit). Other architectures use memcpy. The caller issues the store fence
  * (lmk_cpu_stream_fence) once after its last streaming store. */
 static inline void lmk_cpu_stream_copy(void *dst, const void *src, size_t n)

@@ -6,8 +6,8 @@
  * The vector levels reduce theta by pi/2 in double (two-part Cody-Waite with FMA, exact to ~1e-21
  * for |theta| <= LMK_CPU_SINCOS_VECTOR_MAX = 2^40) and evaluate fdlibm's double polynomials in 8
  * (AVX-512) or 4 (AVX2) lanes, multiply by m (lmk.h's magnitude; skipped at m == 1) and round to
- * f32: the same f32 values as (float)cos/sin from libm on 8M angles up to 2^40. libm's double
- * sin+cos cost 13 ns a pair on Zen4, the vector version 0.8 ns (docs/cpu_notes.md, "Angles").
+ * f32: the same f32 values as (float)cos/sin from libm on 8M angles up to 2^40, at a small
+ * fraction of libm's cost (docs/cpu.md, "Angles: lmk_cpu_sincos").
  * The scalar level (and angles beyond the bound, which the callers send there) uses libm.
  */
 #include "cpu/cpu.h"

@@ -332,8 +332,9 @@ lmk_status lmk_stream_wrap_cuda(lmk_device *dev, cudaStream_t stream, lmk_stream
     /* A real stream must belong to this device; the special handles (0, cudaStreamLegacy,
      * cudaStreamPerThread) mean "this thread's default stream of the current device". CUDA
      * refuses cudaStreamGetDevice on a stream that is being captured, in every capture mode, and
-     * the refusal invalidates the capture (run 71, docs/cuda_notes.md: PyTorch's torch.cuda.graph
-     * captures on a stream of its own, which the Python package first sees inside the capture), so
+     * the refusal invalidates the capture (docs/cuda.md, "Graph capture and wrapped streams":
+     * PyTorch's torch.cuda.graph captures on a stream of its own, which the Python package first
+     * sees inside the capture), so
      * a stream under capture is taken without the check: one of another device fails at its
      * first launch instead, which ends the capture with that error. */
     if (stream != 0 && stream != cudaStreamLegacy && stream != cudaStreamPerThread) {

@@ -1,8 +1,8 @@
 /*
  * cuda_route.h - which kernel a CUDA op call launches, planned exactly as the call would plan it but
  * not launched. The launchers (src/ops/<op>/cuda.cu) and these functions share one planning path,
- * so a route is the launch's own choice. tests/test_routing.c asserts the routes of the model shapes
- * that docs/cuda_notes.md measured, on described devices (no GPU needed) and on the real one. C and
+ * so a route is the launch's own choice. tests/test_cuda_routing.c asserts the routes of the model
+ * shapes (docs/cuda.md, "Routing"), on described devices (no GPU needed) and on the real one. C and
  * C++.
  */
 #ifndef LMK_CUDA_ROUTE_H

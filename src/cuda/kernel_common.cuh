@@ -179,9 +179,9 @@ __device__ __forceinline__ float2 rotate2(float a, float b, float c, float s)
     return make_float2(fmaf(a, c, -b * s), fmaf(a, s, b * c));
 }
 
-/* Programmatic dependent launch (sm_90 and later; docs/cuda_notes.md). Where the host launches with
- * programmatic stream serialization (lmk_cuda_device.pdl), a kernel may start while the previous
- * kernel of the stream is still finishing. Every kernel calls this before its first global memory
+/* Programmatic dependent launch (sm_90 and later; docs/cuda.md, "Programmatic dependent launch").
+ * Where the host launches with programmatic stream serialization (lmk_cuda_device.pdl), a kernel
+ * may start while the previous kernel of the stream is still finishing. Every kernel calls this before its first global memory
  * access, read or write (a write must not land under a previous kernel still reading that buffer):
  * wait blocks until every prerequisite grid has completed and its writes are visible, so the early
  * start moves only the launch and the index arithmetic before it. Without a programmatic
@@ -342,9 +342,10 @@ __device__ __forceinline__ void stage_word(unsigned char *s, const void *g, bool
 #endif
 }
 
-/* stage_word(dst, src, wide, true) without the zero-fill operand: rope's bulk kernel as it was
- * measured (docs/cuda_notes.md, run 43). Calling stage_word there instead changes that kernel's
- * instructions, so the two merge once a GPU run can measure and test the change. */
+/* stage_word(dst, src, wide, true) without the zero-fill operand, for rope's bulk kernel, whose
+ * positions are always present: the form that kernel's figures (docs/cuda.md, "rope: figures")
+ * were taken with. stage_word there would change that kernel's instructions, so the two are merged
+ * only together with a GPU measurement of the bulk kernel. */
 __device__ __forceinline__ void cp_async_word(void *dst, const void *src, bool wide)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -394,9 +395,10 @@ inline uint64_t ceil_div(uint64_t a, uint64_t b)
 
 /* How many bytes around a miss a read of whole rows of row_b bytes may have L2 fill at once (host):
  * the widest of 256 and 128 that is no wider than a row, so that rows far apart fetch no bytes
- * between them (0: no wider fill). rope's bulk tensor copies take it for their maps'
- * L2 promotion, attn_prologue's staging copies take .L2::256B where it is 256 (its version 9,
- * docs/cuda_notes.md: 128-byte spans 512 apart fetched twice their bytes with 256). */
+ * between them (0: no wider fill). rope's bulk tensor copies take it for their maps' L2
+ * promotion, attn_prologue's staging copies take .L2::256B where it is 256 (docs/cuda.md,
+ * "attn_prologue: the three kernels"); a 256-byte fill around 128-byte spans 512 bytes apart would
+ * fetch twice the bytes that are read. */
 inline uint32_t l2_fill_bytes(uint64_t row_b)
 {
     return row_b >= 256 ? 256 : row_b >= 128 ? 128 : 0;

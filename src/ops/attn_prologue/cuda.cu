@@ -1,7 +1,8 @@
 /*
  * cuda.cu - the CUDA kernel of attn_prologue (lmk.h "attn_prologue": per-head RMSNorm and rope of q
- * and k, the KV-cache write) and its launch planning. docs/cuda_notes.md ("attn_prologue") has the
- * reasoning and the predictions; this comment is the design.
+ * and k, the KV-cache write) and its launch planning. This comment is the current design;
+ * docs/cuda.md ("attn_prologue") has its figures and docs/decisions.md the alternatives measured
+ * against it.
  *
  * Rows and items. A row is one (token, head) vector: a q row (head_dim elements: normed, rotated,
  * to q_out), a k row (the same, to k_out and/or the k cache row of the token's slot) or a v row (Dv
@@ -30,7 +31,7 @@
  * x = x * r * (w + weight_offset), r = rsqrt(sum(x^2) / D + eps) from the team's f32 sum; rotated
  * pairs out_a = fma(a, c, -b*s), out_b = fma(a, s, b*c) with (c, s) = (cos, sin)(theta) * m, the
  * formula and the sin/cos evaluation of rope's kernels (src/ops/rope/cuda.cu). The angle factor is
- * lmk_rope_freq's float64 value from the host, where rope's v10 kernels evaluate exp2 on the
+ * lmk_rope_freq's float64 value from the host, where rope's kernels evaluate exp2 on the
  * device: without a norm the two ops agree within an ulp of the angle, not bit for bit. Outputs:
  * q_out and k_out in the input dtype, two elements per conversion instruction (nearest even; a unit
  * holding a NaN is built again, out of line, with lmk's own narrowing, which keeps the NaN quiet
@@ -49,31 +50,32 @@
  * shared memory with what its rows share: the (cos, sin) of each (token, pair) of the tile (one
  * angle per thread), the norm weights as f32 (w + weight_offset), the tile's slots (at decode with
  * every load issued first: fill_plan, fill_issue, fill_finish); one barrier; then the team's sum of
- * squares, the outputs. Angles: the host tabulates each pair's position axis
- * and angle factor (rope_common.h's lmk_rope_axis_j and lmk_rope_freq with ff = 1, float64) and
- * passes the table in the kernel parameters (rope's v8 scheme); the device divides by
+ * squares, the outputs. Angles: the host tabulates each pair's position axis and angle factor
+ * (rope_common.h's lmk_rope_axis_j and lmk_rope_freq with ff = 1, float64) and passes the table in
+ * the kernel parameters (the decode fill reads it before the PDL wait); the device divides by
  * freq_factors[p] (device memory), multiplies by the position (float64), reduces by k*pi/2 in
- * float64 and evaluates sin and cos of the f32 remainder by polynomials (rope_cs, kernel_common.cuh's,
- * the one rope's kernels use). Pairs past the table's 128 (rope_dim > 256, no real model) take rope_common.h's rules on
- * the device, in a function of their own. Blocks have 256 threads, 128 when the call's rows fill
+ * float64 and evaluates sin and cos of the f32 remainder by polynomials (rope_cs,
+ * kernel_common.cuh's, the one rope's kernels use). Pairs past the table's 128 (rope_dim > 256, no
+ * real model) take rope_common.h's rules on the device, in a function of their own. Blocks have 256 threads, 128 when the call's rows fill
  * at most two 256-thread blocks per SM (decode: more, smaller blocks spread a call over more SMs).
  *
  * Three kernels run these blocks. prologue_decode_kernel (small calls with 16-byte units: decode):
  * one CUDA block per block of the plan, one item a lane, and only the code such a call needs.
  * prologue_kernel: one CUDA block per block of the plan (one-element units, chunked rows, small
- * calls of them). prologue_stream_kernel (prefill with 16-byte units): a grid of
- * the blocks that fit on the GPU at once, each taking the plan's blocks b, b + grid, ... with the
- * units of the next one already on their way into shared memory (cp.async) while it computes the
- * current one, its tables double-buffered, the weights, each thread's task and the angle factors
- * formed once (StreamRec, PairTab: a CUDA block keeps its group of rows), rows of 256 bytes or more
- * staged with 256-byte L2 fills (version 9); without an f8 cache,
- * or with f8 caches of power-of-two scales, its tables are also formed one block ahead
- * (docs/cuda_notes.md, attn_prologue versions 4 and 8: prompts take 14-25% less time than with one
- * CUDA block each, 13-17% less with an f8 cache). Where q/k rows hold pair items and copy items (a
- * partial half-split rope: Qwen3.5), a team's first lanes hold pairs and the rest copies, and the
- * warp would run the pair code and the copy code one after the other; the decode kernel and the
- * prefill kernel without an f8 cache have MIX instantiations in which every lane runs one path for
- * both (emit_mixed), taken where they were measured faster (LaunchPlan.mix, plan_launch; version 10).
+ * calls of them). prologue_stream_kernel (prefill with 16-byte units): a grid of the blocks that
+ * fit on the GPU at once, each taking the plan's blocks b, b + grid, ... with the units of the
+ * next one already on their way into shared memory (cp.async) while it computes the current one,
+ * its tables double-buffered, the weights, each thread's task and the angle factors formed once
+ * (StreamRec, PairTab: a CUDA block keeps its group of rows), rows of 256 bytes or more staged with
+ * 256-byte L2 fills; without an f8 cache, or with f8 caches of power-of-two scales, its tables are
+ * also formed one block ahead. A round trip of loads thus stays in flight through every block's
+ * arithmetic, where one CUDA block per block of the plan has loads in flight only at its start
+ * (docs/cuda.md, "attn_prologue: the three kernels"). Where q/k rows hold pair items and copy
+ * items (a partial half-split rope: Qwen3.5), a team's first lanes hold pairs and the rest
+ * copies, and the warp would run the pair code and the copy code one after the other; the decode
+ * kernel and the prefill kernel without an f8 cache have MIX instantiations in which every lane
+ * runs one path for both (emit_mixed), taken where they measure faster (LaunchPlan.mix,
+ * plan_launch).
  * plan_call makes every one of these choices, for the launch and for lmk_cuda_attn_prologue_route
  * (cuda_route.h), through which tests/test_cuda_routing.c checks them on the model shapes.
  *
@@ -232,7 +234,7 @@ __device__ __noinline__ float f8_div_slow(float x, float s)
  * outside which every f32 near the quotient has the same code (0 or the saturated 448): there the
  * result keeps q0 (|q0| >= 1024, infinities included) and x's sign (a quotient that underflows).
  * Checked against x / scale on every f32 x for 11 scales (0 of 2^32 codes differ, and no f32
- * quotient in [2^-12, 2^9]; docs/cuda_notes.md) and by test_f8 on the GPU. */
+ * quotient in [2^-12, 2^9]; docs/cuda.md, "attn_prologue: f8 caches") and by test_f8 on the GPU. */
 __device__ __forceinline__ float f8_quot(float x, const Cache &c)
 {
     const float q0 = __fmul_rn(x, c.inv);
@@ -415,10 +417,9 @@ __device__ __forceinline__ float2 scaled_cs(const AnglePlan &a, double theta)
     return make_float2(cs.x * a.mscale, cs.y * a.mscale);
 }
 
-/* The (cos, sin) of pair i at token t, times m (as rope's v8 angle_cs). The freq_factor is loaded
- * before the position: run 30 had them the other way round and the decode fill (then
- * fill_shared_batched) calling fill_angles, and a T = 1 call was 3% slower (the two were not
- * measured apart). */
+/* The (cos, sin) of pair i at token t, times m. The freq_factor is loaded before the position: the
+ * other order, with the decode fill calling fill_angles, made a decode call slower
+ * (docs/decisions.md). */
 __device__ __forceinline__ float2 angle_cs(const AnglePlan &a, uint64_t t, uint32_t i)
 {
     double freq;
@@ -845,8 +846,8 @@ __device__ __forceinline__ void emit_mixed(const ApParams &p, const Kind &g, con
         put<DT, VE, F8>(d, ob, rb);
 }
 
-/* The outputs of the items base + u*L (u < U) of a row. (A loop over u instead of U unrolled
- * copies cut the f8 cases by 3-12% and cost the bf16-cache prompts 1-1.5%: run 18.) MIX: the
+/* The outputs of the items base + u*L (u < U) of a row. (A loop over u, not U unrolled copies:
+ * the f8 paths' code stays small, which the f8 cases gain more from than the others lose.) MIX: the
  * kernel's q/k rows have pair and copy items (half-split), which take emit_mixed; its v rows have
  * copy items only. */
 template <int DT, int VE, int U, int F8, bool W, bool MIX>
@@ -884,8 +885,8 @@ __device__ __forceinline__ float team_sum(float v, uint32_t L)
 
 /* team_sum without a branch per step: every shuffle runs, the steps past the team add nothing (the
  * same additions in the same order, so the same bits). prologue_decode_kernel takes it without an
- * f8 cache (run 37: Qwen3-8B T=1 bf16 1.77 -> 1.71 us, f32 1.72 -> 1.63); with one it lost (Qwen3.5
- * T=64 with an f8 cache 3.71-3.76 -> 4.00-4.03 us) and keeps team_sum. */
+ * f8 cache, where the branches are a measurable part of a decode warp's chain; with one it is the
+ * slower form, and that kernel keeps team_sum (docs/decisions.md). */
 __device__ __forceinline__ float team_sum_flat(float v, uint32_t L)
 {
 #pragma unroll
@@ -953,7 +954,7 @@ __device__ __forceinline__ float weight_at(const ApParams &p, uint32_t j)
 }
 
 /* A weight's raw bits widened to f32: f32 bits, or a bf16/f16 value in the low half; by selects,
- * not a branch on the dtype (a branch compiled to a jump table per weight, run 35). */
+ * not a branch on the dtype (a branch compiles to a jump table per weight). */
 __device__ __forceinline__ float widen_bits(int dt, uint32_t v)
 {
     const float h = __half2float(__ushort_as_half((unsigned short)v));
@@ -1012,8 +1013,8 @@ __device__ void fill_shared(const ApParams &p, const Block &bk, const Shared &sh
 /* The same at decode (Plan.batch_fill), in three steps so that every global load a thread makes
  * for the tables is in flight before any is used. A small call is a few warps per SM, each a serial
  * chain: a load whose value is converted where it is loaded (a slot's sign extension, a weight's
- * widening, a position's conversion to float64) stalls the thread there, and version 4's fill
- * did so once per table. fill_plan takes only the parameters (it runs before pdl_enter): the
+ * widening, a position's conversion to float64) stalls the thread there, once per table if the
+ * fill converted where it loads. fill_plan takes only the parameters (it runs before pdl_enter): the
  * thread's first (token, pair) entry j = threadIdx.x, its angle factor from the host's table (a
  * constant-bank read at a per-thread index, which the hardware serialises across the warp) and its
  * position's index. fill_issue loads raw words: the position, the freq_factor, the slot and the
@@ -1058,7 +1059,7 @@ __device__ __forceinline__ FillPlan fill_plan(const ApParams &p, const Block &bk
 
 /* 16-byte unit u of the weights (Plan.wq_u q units, then Plan.wk_u k units). The units go to the
  * block's last threads, the angles to its first, so that no warp does both where the block has
- * threads for both (run 37: Qwen3-8B T=1 bf16 1.93 -> 1.77 us, with an f8 cache 2.34 -> 2.06). */
+ * threads for both (with both on warp 0 the block's barrier waits for that warp). */
 __device__ __forceinline__ uint4 weight_unit(const ApParams &p, uint32_t u)
 {
     const bool k = u >= p.pl.wq_u;
@@ -1241,11 +1242,9 @@ __global__ void __launch_bounds__(kThreads, CHUNK ? 2 : 3) prologue_kernel(const
 /* The small-call kernel (LaunchPlan.decode: 16-byte units, at most 32 items a row, few rows a
  * call): prologue_kernel with one item a lane (L = the row's items rounded up to a power of two, so
  * no chunks and no second item), the batched fill, and the f8 paths compiled in only when the call
- * has an f8 cache. A decode call is a few blocks whose warps each run one serial chain (Nsight
- * Compute, Qwen3-8B T = 1 bf16: 3 blocks of 4 warps, ~650 instructions a warp, one issued every
- * ~7 cycles), so its time is the length of that chain; prologue_kernel's carries two items a lane,
- * the chunk loop and every (f8, norm) path. docs/cuda_notes.md, attn_prologue version 5: T = 1
- * calls 21-36% faster in a graph (Qwen3-8B bf16 3.08 -> 2.25 us). */
+ * has an f8 cache. A decode call is a few blocks whose warps each run one serial chain (a Qwen3-8B
+ * T = 1 call is 3 blocks of 4 warps), so its time is the length of that chain; prologue_kernel's
+ * carries two items a lane, the chunk loop and every (f8, norm) path. */
 template <int DT, int VE, bool F8, bool MIX>
 __global__ void __launch_bounds__(kSpreadThreads) prologue_decode_kernel(const __grid_constant__ ApParams p)
 {
@@ -1353,11 +1352,10 @@ __device__ __forceinline__ void stage_wait_all()
  * PairTab (the block has q or k rows, the entry is in the tile and its pair < kTabPairs).
  * Thread-private, in shared memory: the kernel is at its register bound, and forming these again
  * each block (run-time divisions by the groups and by half, the task's division, the angle
- * factor and axis by constant loads at a per-thread index, which a warp serialises) was 15% of
- * its instructions (20.6M -> 17.6M warp instructions, Qwen3-8B bf16 T = 4106; docs/cuda_notes.md,
- * attn_prologue version 7). Pointers are formed from h each block: records of pointers or
- * offsets (32 bytes a thread) ran 1-3% slower in run 51, and pointers read from shared memory
- * compile to generic stores (run 49). */
+ * factor and axis by constant loads at a per-thread index, which a warp serialises) would be a
+ * large share of its instructions. Pointers are formed from h each block: records of pointers or
+ * offsets (32 bytes a thread) cost more than they save, and pointers read from shared memory
+ * compile to generic stores (docs/decisions.md). */
 struct StreamRec {
     uint32_t info, h;
 };
@@ -1530,22 +1528,21 @@ __device__ __forceinline__ void stage_wait_older()
  * (prologue_kernel's blocks load, fill, wait, compute and exit: their loads are in flight only at
  * the start). A thread forms its StreamRec once, and the block its PairTab; each block of the
  * plan then costs a thread a few products of its token. Two orders of the rest
- * (docs/cuda_notes.md, attn_prologue version 4):
+ * (docs/cuda.md, "attn_prologue: the three kernels"):
  *   AHEAD: the thread also stages the position and slot its part of block i + 1's tables reads;
  *     it computes block i from tables the previous iteration formed, then waits for its copies
  *     (they had the whole computation to land), forms block i + 1's (cos, sin) and slot tables,
  *     and the block meets at its one barrier: no load and no angle runs between a barrier and the
- *     work behind it. Prompts with caches in the input dtype: 12-19% faster than !AHEAD.
- *   !AHEAD: the thread forms block i's tables, waits for block i's units, barrier, computes. Kept
- *     for f8 caches that divide (kF8Divide), which ran 4% slower in the AHEAD order (run 58;
- *     power-of-two scales 11-16% faster in it).
+ *     work behind it. The faster order wherever it applies.
+ *   !AHEAD: the thread forms block i's tables, waits for block i's units, barrier, computes. For
+ *     f8 caches that divide (kF8Divide), whose longer per-block arithmetic between two barriers
+ *     makes the AHEAD order the slower one for them.
  * The tables are double-buffered (iteration i writes one block's tables while slower warps may
  * still read the other's; the readers of the one it overwrites are past the previous barrier); the
  * staged units and words and the records are thread-private; the weights and the PairTab are
  * filled once. Per row the work is prologue_kernel's: the same sums, the same outputs, the same
  * bits. F8: the call has an f8 cache (plan_launch); without one the rows are compiled without the
- * f8 paths (bf16: 4,104 SASS instructions instead of 12,696; docs/cuda_notes.md, attn_prologue
- * version 6). */
+ * f8 paths (about a third of the code). */
 template <int DT, int VE, int U, bool AHEAD, bool F8, bool MIX>
 __global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __grid_constant__ ApParams p)
 {
@@ -1830,10 +1827,9 @@ void plan_kinds(const lmk_attn_prologue_args *a, uint32_t ve, ApParams *p)
  * rows beyond 32 * U items go in chunks. A small call (its rows at U items a lane fill at most two
  * 256-thread blocks per SM: decode) of at most 32 items a row takes a lane per item instead: each
  * warp runs about half the instructions, and at T = 1 a warp's serial instruction stream is most
- * of the call (run 19, prologue_kernel: Qwen3-8B T=1 bf16 3.45 -> 3.23 us, with an f8 cache 5.43 ->
- * 4.10). With 16-byte units such a call runs prologue_decode_kernel (*decode), f32 included (run
- * 33: f32 T=1 2.46 -> 2.28 us there); with one-element units f32 keeps U items a lane, since in
- * prologue_kernel a lane per item lost (run 19: 3.14 -> 3.35 us). */
+ * of the call. With 16-byte units such a call runs prologue_decode_kernel (*decode), f32 included;
+ * with one-element units f32 keeps U items a lane, since in prologue_kernel a lane per f32 item
+ * is the slower form. */
 uint32_t max_items(const ApParams *p)
 {
     return p->kind[0].items > p->kind[1].items ? p->kind[0].items : p->kind[1].items;
@@ -1866,10 +1862,9 @@ void plan_team(ApParams *p, uint32_t u, uint64_t seq, int sm_count, bool two_byt
 
 /* A decode call (plan_team's *decode) with an f8 cache narrows its units to kDecodeF8Elems
  * elements (kDecodeF8Elems codes a cache store), or as near as a row stays within 32 items: each
- * lane then holds fewer elements and a row more lanes. Run 32 (docs/cuda_notes.md, attn_prologue
- * version 5): Qwen3-8B T=1 bf16 with an f8 cache 3.11 us with 16-byte units, 2.65 with 8-byte
- * ones; without an f8 cache 8-byte units lost (run 33: 2.25 -> 2.32 us, T=64 2.95 -> 3.25), so
- * those calls keep 16-byte units. Returns the unit width (elements). */
+ * lane then holds fewer elements and a row more lanes, which shortens the chain of an f8 row's
+ * scale and code conversion. Without an f8 cache narrower units are the slower form, so those calls
+ * keep 16-byte units (docs/decisions.md). Returns the unit width (elements). */
 uint32_t plan_decode_units(const lmk_attn_prologue_args *a, uint32_t ve, ApParams *p)
 {
     const uint32_t target = p->cache[0].f8 || p->cache[1].f8 ? kDecodeF8Elems : ve;
@@ -1898,7 +1893,8 @@ thread_local FreqTable t_freq[kFreqCache];
 thread_local unsigned t_freq_next;
 
 /* The table of pairs [0, n) (n <= kTabPairs): lmk_rope_axis_j and lmk_rope_freq (ff = 1) of each,
- * from this thread's cache when the parameters match bit for bit (pow() costs ~21 ns a pair). */
+ * from this thread's cache when the parameters match bit for bit (a pow() per pair would be a
+ * large part of a decode call's host time). */
 const FreqTable &freq_table(const lmk_rope_angle *g, uint32_t n)
 {
     const double key[6] = {g->freq_base, g->exp_n, g->freq_scale, g->ext_factor, g->ramp_low, g->ramp_high};
@@ -2050,10 +2046,10 @@ void plan_launch(ApParams *p, int sm_count, bool units16, LaunchPlan *L)
      * the weights, two slot tables, two staging areas of 2 * U 16-byte units a thread, 16 bytes
      * a thread for its staged position and slot, its StreamRec and the PairTab. Past 48 KB
      * (head_dim near 1024 with a full rope) the blocks stay prologue_kernel's (allowing them 64
-     * KB changed no bench time, run 51). The AHEAD order without an f8 cache (run 28) and with f8
-     * caches of power-of-two scales (run 58). Where every row is 256 bytes or more (each is read
-     * whole), the staging copies fill L2 256 bytes at a time (run 64: bf16 prompts 1-3.5% faster;
-     * a 256-byte fill around a shorter row would also fetch bytes nobody reads). */
+     * KB bought nothing). The AHEAD order without an f8 cache and with f8 caches of power-of-two
+     * scales. Where every row is 256 bytes or more (each is read whole), the staging copies fill
+     * L2 256 bytes at a time (fewer, larger fills for the same bytes; a 256-byte fill around a
+     * shorter row would also fetch bytes nobody reads). */
     if (!spread && units16) { /* (spread whenever L->decode) */
         const uint64_t slot_bytes = p->slots ? ceil_div(tile * sizeof(int64_t), 16) * 16 : 0;
         const uint64_t stage_bytes = 2ull * kItems<16> * L->threads.x * 16;
@@ -2080,12 +2076,10 @@ void plan_launch(ApParams *p, int sm_count, bool units16, LaunchPlan *L)
         }
     }
     /* Rows with pair and copy items (a partial half-split rope: Qwen3.5) take the MIX instantiation
-     * where it was measured faster (run 73, against the kernels without it): decode with an f8 cache
-     * (Qwen3.5-27B T=1 2.03 -> 1.95 us, T=64 3.04 -> 2.87), decode without one when the call is at
-     * most a block per SM (T=1 bf16 2.06 -> 2.01; the T=64 batch, two blocks per SM, went 2.88 ->
-     * 2.96; run 78: gains up to T=32, 128 blocks, losses from T=48, 192 blocks), and prompts without
-     * an f8 cache (bf16 T=16384 161.0 -> 157.8, f32 T=4106 81.6 -> 80.3). With an f8 cache the prompt kernel's MIX instance spilled (316 bytes of loads) and
-     * lost 4.6%, so it is not built. */
+     * where it measures faster than the kernels without it (docs/decisions.md): decode with an f8
+     * cache, decode without one when the call is at most a block per SM (beyond, it is slower),
+     * and prompts without an f8 cache. With an f8 cache the prompt kernel's MIX instance spills,
+     * so it is not built. tests/test_cuda_routing.c holds the line on the model shapes. */
     const bool mixed_rows = !p->il && p->kind[0].npu && p->kind[0].nc;
     L->mix = mixed_rows && (L->decode ? L->f8 || pl.n_blocks <= sms : L->stream && !L->f8);
 }

@@ -11,9 +11,9 @@
  *  - per token: theta = pos * freq in double, then m*cos and m*sin rounded to f32 by
  *    lmk_cpu_sincos (src/cpu/sincos.c, shared with lmk_attn_prologue): a double reduction by pi/2
  *    and fdlibm's double polynomials in 8 or 4 lanes, the same f32 values as (float)cos/sin from
- *    libm on 8M angles up to 2^40. libm's double sin+cos cost 13 ns a pair on Zen4 (a double
- *    reduction followed by sincosf, 12 ns), a fifth of the memory time of a 24-head token; the
- *    vector version costs 0.8 ns. Angles beyond LMK_CPU_SINCOS_VECTOR_MAX = 2^40 (i64 positions,
+ *    libm on 8M angles up to 2^40, at a small fraction of libm's cost, which would otherwise be a
+ *    large share of the memory time of a 24-head token (docs/cpu.md, "Angles: lmk_cpu_sincos").
+ *    Angles beyond LMK_CPU_SINCOS_VECTOR_MAX = 2^40 (i64 positions,
  *    freq_base < 1) use libm for the token.
  * Rows are then rotated in f32 with AVX-512 or AVX2 (chosen at device open), loading bf16/f16 by
  * widening and storing with round-to-nearest-even that gives the same bits as lmk_f32_to_bf16
@@ -103,8 +103,8 @@ typedef struct rope_rows {
 
 
 /* freq and axis of pairs [p0, p0 + n): once per thread and chunk. `plain` (no scaling, no
- * freq_factors: the 0.1 calls) passes lmk_rope_freq those values as constants, which fold away:
- * ~570 instructions less per Qwen3.5 call, 45 ns of a 0.75 us K decode call. */
+ * freq_factors: every lmk_rope_multi call) passes lmk_rope_freq those values as constants, which
+ * fold away: a decode call, single-threaded and short, pays that loop on its critical path. */
 LMK_INLINE double freqs_as(const lmk_rope_angle *g, size_t p0, size_t n, unsigned char *restrict axis,
                            double *restrict freq, int plain)
 {
@@ -257,9 +257,9 @@ static inline void copy_gaps(const rope_rows *r, size_t k, int nt)
 /* In place only the rotated lines of a row are touched (a quarter of a Qwen row), a strided
  * pattern the hardware prefetchers serve poorly: loads wait on memory a row at a time.
  * Prefetching the pairs of the row ~16 KB ahead, with write intent since they will be stored,
- * cut in-place Qwen Q times by 15-25% (paired cold runs, median ratio 0.74 f32, 0.85 bf16; 4 KB
- * and 64 KB ahead did about as well). Out of place the rows are read whole, the hardware streams
- * them, and prefetching changed nothing. The target walks the tensor's rows in (token, head)
+ * keeps those loads off the critical path (the distance is not critical: docs/decisions.md,
+ * "Prefetch only where the hardware prefetchers fall short"). Out of place the rows are read
+ * whole, the hardware streams them, and prefetching buys nothing. The target walks the tensor's rows in (token, head)
  * order through the strides, so it never leaves the tensor. */
 static inline void prefetch_row(rope_prefetch *f)
 {

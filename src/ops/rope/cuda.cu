@@ -3,8 +3,9 @@
  * them through the same lmk_rope_args) and their launch planning. Every mode (NORMAL, NEOX, MROPE,
  * IMROPE, VISION) and pairing, every scaling (freq_scale, the YaRN ramp, freq_factors, attn_factor),
  * i32/u32/i64 positions, strided operands with their own token and head strides per tensor, one
- * tensor or q and k in one launch, each out of place or in place. docs/cuda_notes.md has the
- * measured history; this comment is the current design.
+ * tensor or q and k in one launch, each out of place or in place. This comment is the current
+ * design; docs/cuda.md ("rope") has its figures and docs/decisions.md the alternatives measured
+ * against it.
  *
  * Work. A row is one (token, head) vector of head_dim elements. It is cut into units of VE elements
  * (NB = VE * element size bytes; 16 when every address, stride and range boundary allows, else 8, 4
@@ -28,10 +29,10 @@
  * (plan_angles): the pair's position axis and exponent index by rope_common.h's rule itself
  * (lmk_rope_axis_at, its sums taken once on the host by lmk_rope_axes_of: no copy of the rule
  * here), and its factor by lmk_rope_freq's formula with theta_e = exp2(j * log2_step) in float64
- * (pair_freq; pow() is an out-of-line call on the device), checked against lmk_rope_freq on the
- * host (docs/cuda_notes.md, version 9). v8 tabulated both per pair on the host and passed the table
- * in the parameters (1.4 KB); run 10 measured it against this form and found no gain that the
- * table itself explains (docs/cuda_notes.md). A launch rotates at most kSlicePairs
+ * (pair_freq; pow() is an out-of-line call on the device). Every thread of a warp reads the same
+ * parameter words: a per-pair table in the parameters would be read at a different address by each
+ * thread, and it bought nothing when timed against this form (docs/decisions.md, "Kernel
+ * parameters small and uniform"). A launch rotates at most kSlicePairs
  * = 128 pairs: rope_dim <= 256 (every model we know) is one launch, a larger one takes a launch per
  * slice of 128 pairs, each rotating its own pairs (the first also copies the untouched elements).
  * freq_factors live in device memory, which the host cannot read without a sync: the device
@@ -42,27 +43,27 @@
  * while they are in flight (angle_begin, angle_end).
  *
  * Four kernels, all reading the (cos, sin) of a block's (token, pair) angles from a shared-memory
- * table that the block computes once for all its rows of q and k (docs/cuda_notes.md has the
- * measurements behind each choice):
- *   rope_bulk_kernel (sm_90 and later, prefill with copy items: Qwen3.5's q and k, dense (version
- *     13) or q inside q|gate or a packed QKV (version 14)): tiles of whole rows stream through a
- *     ring of stages in shared memory by bulk copies (kernel_common.cuh), are rotated there and
- *     stored back by bulk copies; a tensor whose heads are not adjacent moves a tile in one bulk
+ * table that the block computes once for all its rows of q and k (docs/cuda.md, "rope: the four
+ * kernels", says why each exists):
+ *   rope_bulk_kernel (sm_90 and later, prefill with copy items: Qwen3.5's q and k, dense or q
+ *     inside q|gate or a packed QKV): tiles of whole rows stream through a ring of stages in
+ *     shared memory by bulk copies (kernel_common.cuh), are rotated there and stored back by bulk
+ *     copies; a tensor whose heads are not adjacent moves a tile in one bulk
  *     tensor copy (a tensor map per side, made on the host). No thread holds data in flight.
  *     plan_bulk.
- *   rope_rows_kernel (the other prefill launches with copy items, version 11): a thread keeps one
- *     (row, unit) for several tokens, so a token costs it one 64-bit multiply-add of the token stride, and no
- *     division runs per item (v10 spent two run-time divisions and four 64-bit products per item,
- *     twice: Nsight Compute showed it issue-bound, with 43-47% more instructions than lmk 0.1's
- *     kernel). A tile of tokens has pair blocks (threads: pair unit x row x token lane; they form
- *     the tile's angles while their loads are in flight, then rotate) and copy blocks (threads:
- *     copy unit x row x token lane; no angles, no barrier), kTB (pairs) or kCopyTB tokens loaded
- *     before any is stored. plan_rows.
- *   rope_pairs_kernel (prefill without copy items: in place, or rope_dim == head_dim): version
- *     10's kernel, items (token, row, unit) dealt to the threads kPairBatch at a time, unit fastest.
- *     Whole rows per warp and one angle per (token, pair) per block; it stayed faster than the rows
- *     kernel on Llama (NEOX 128/128: 0.92 against 0.75-0.87 of copy in f32) and in place; 4 blocks
- *     an SM since version 15. plan_pairs.
+ *   rope_rows_kernel (the other prefill launches with copy items): a thread keeps one (row, unit)
+ *     for several tokens, so a token costs it one 64-bit multiply-add of the token stride, and no
+ *     division runs per item (a flat enumeration of items needs two run-time divisions and four
+ *     64-bit products per item, at the load and again at the store, which leaves a launch whose
+ *     items are mostly copies bound by its instructions). A tile of tokens has pair blocks
+ *     (threads: pair unit x row x token lane; they form the tile's angles while their loads are in
+ *     flight, then rotate) and copy blocks (threads: copy unit x row x token lane; no angles, no
+ *     barrier), kTB (pairs) or kCopyTB tokens loaded before any is stored. plan_rows.
+ *   rope_pairs_kernel (prefill without copy items: in place, or rope_dim == head_dim): items
+ *     (token, row, unit) dealt to the threads kPairBatch at a time, unit fastest. Whole rows per
+ *     warp and one angle per (token, pair) per block; where every item is a pair the enumeration's
+ *     arithmetic is a small share of the work, and this shape beats every shape of the rows kernel
+ *     there (Llama, in place). kPairCtas blocks an SM. plan_pairs.
  *   rope_decode_kernel (small T): one token per block, whole rows per block, one item per thread
  *     (threadIdx.x is the item of the row, threadIdx.y the row) and at most one angle per thread,
  *     no loop, no run-time division; the angle's factor is formed before the PDL wait. Chosen when
@@ -70,7 +71,8 @@
  *     plan_decode.
  * On sm_90 and later all launch with programmatic dependent launch (kernel_common.cuh: pdl_enter,
  * lmk_cuda_device.pdl): a launch may start while the previous kernel of the stream finishes and
- * waits for it before its first memory access (run 10: decode 2.1 -> 1.4 us per call in a graph).
+ * waits for it before its first memory access, which takes a short kernel's launch and ramp-up
+ * off a decode call's time in a graph.
  * Everything a launch needs travels by value in RopeParams (the bulk kernel's in BulkParams, with
  * its tensor maps; no allocation, no copy, no sync): a call can be captured into a CUDA graph.
  * for_each_launch plans in named steps: plan_units (VE and layout), plan_geometry (rows, strides,
@@ -100,10 +102,10 @@ namespace {
 
 /* The prefill kernel with copy items (rope_rows_kernel): threads a block has at most, the tokens a
  * thread loads before it stores any (kTB of a pair item: 2 * kTB units, 128 bytes in flight a
- * thread; kCopyTB<ES> units of a copy item: 8 for 2-byte types, 4 for f32, run 17), the angles a
- * thread may form (kAngles: the block's critical path runs while the loads are in flight; a second
- * angle pays where rows are few, K alone: run 12), and the most (token, pair) angles a tile holds
- * (16 KB of shared memory). */
+ * thread; kCopyTB<ES> units of a copy item: 8 for 2-byte types, where the copies bound the time, 4
+ * for f32), the angles a thread may form (kAngles: the block's critical path runs while the loads
+ * are in flight; a second angle pays where rows are few, K alone), and the most (token, pair)
+ * angles a tile holds (16 KB of shared memory). */
 constexpr uint32_t kRowThreads = 256;
 constexpr int kTB = 4;
 template <int ES> constexpr int kCopyTB = ES == 2 ? 8 : 4;
@@ -114,8 +116,9 @@ constexpr uint32_t kTileAngles = 2048;
  * 16-byte units). */
 constexpr uint32_t kPairThreads = 256;
 constexpr int kPairBatch = 4;
-/* Blocks of rope_pairs_kernel an SM holds: 4 caps a thread at 64 registers (run 68: bf16 Llama
- * 0.84 -> 0.89 of copy against 3 blocks and 80 registers; 5 spilled and lost 20-35%). */
+/* Blocks of rope_pairs_kernel an SM holds: 4 caps a thread at 64 registers. The kernel's time is
+ * the rotation after each block's barrier, when that block has no loads in flight, so more blocks
+ * an SM keep more loads in flight through it; 5 would spill (docs/decisions.md). */
 constexpr int kPairCtas = 4;
 /* The small-T kernel: threads a block aims for (whole rows of one token, one item per thread) and
  * the most items per row it takes (one row per block at most); wider rows (head_dim >= 512 with
@@ -123,7 +126,7 @@ constexpr int kPairCtas = 4;
 constexpr uint32_t kDecThreads = 256;
 constexpr uint32_t kDecMaxItems = 512;
 /* Up to this many rows in a launch (T x heads), 2-byte types take 8-byte units instead of 16: then
- * bf16 gets f32's items, threads and blocks at decode (docs/cuda_notes.md, v7). */
+ * bf16 gets f32's items, threads and blocks at decode, and f32's time. */
 constexpr uint64_t kDecNarrowRows = 64;
 /* The most pairs one launch rotates (a decode block computes at most one angle per thread): rope_dim
  * <= 256, every model we know, is one launch; beyond, one launch per slice of kSlicePairs pairs. A
@@ -135,12 +138,13 @@ static_assert(kSlicePairs * kTB <= kTileAngles, "a tile holds at least kTB token
 
 /* The bulk kernel (rope_bulk_kernel, sm_90 and later, prefill launches with copy items and 16-byte
  * units): threads a block has; blocks an SM holds, each with 1/kBulkCtas of the SM's shared memory
- * (runs 41-42: one a SM ran the bf16 prompts 18-23% slower than two, three brought f32 q alone back
- * to rope_rows_kernel's time); the bytes of rows a tile aims for (a tile is one stage of the ring:
- * 32 KB tiles took 4-6% off the bf16 T=16384 calls against 16 KB, since each tile costs the block
- * a barrier); the fewest stages worth it and the most (a barrier pair each); the angles a thread
- * forms per tile at most; and the smallest bulk copy a plan may issue (run 39: a copy per row of
- * a 128-byte rotated span, in place, ran 4x slower than rope_pairs_kernel). */
+ * (a block's iterations are one serial chain, wait, rotate, barrier, stores, refill, so blocks side
+ * by side overlap each other's chains; with three, an f32 q token of Qwen3.5 still fits 3 stages);
+ * the bytes of rows a tile aims for (a tile is one stage of the ring, and each tile costs the block
+ * a barrier: larger tiles, fewer barriers); the fewest stages worth it and the most (a barrier pair
+ * each); the angles a thread forms per tile at most; and the smallest bulk copy a plan may issue
+ * (below it the number of copies, not the bytes, sets the time: a copy per 128-byte rotated span,
+ * in place, is far slower than rope_pairs_kernel). docs/decisions.md has the measurements. */
 constexpr uint32_t kBulkThreads = 256;
 constexpr uint32_t kBulkCtas = 3;
 constexpr uint32_t kBulkTileBytes = 32768;
@@ -170,8 +174,8 @@ struct Geom {
 /* What the device needs to form the angles of the slice's pairs p0 + i, i < Geom.half (plan_angles):
  * rope_common.h's axis rule with its sums taken on the host (lmk_rope_axes), and lmk_rope_freq's
  * factor with theta_e = exp2(j * log2_step) in float64. All uniform across a warp: every thread
- * reads the same parameter words, so no read is serialized (a per-pair table in the parameters,
- * v8, is read with a different address by every thread of a warp). */
+ * reads the same parameter words, so no read is serialized (a per-pair table in the parameters
+ * would be read at a different address by every thread of a warp). */
 struct AnglePlan {
     const float *ff;                 /* freq_factors + p0 (device memory), or NULL */
     const void *pos;
@@ -240,8 +244,8 @@ struct RopeParams {
     BulkPlan bp;
 };
 /* RopeParams and the tensor maps of BulkPlan's mode 3 (plan_tensor_map): the parameters of
- * rope_bulk_kernel's instance for plans with mode 3. Every other launch goes without them: 512
- * bytes more parameters cost a launch ~0.1 us in a graph (runs 61-62). */
+ * rope_bulk_kernel's instance for plans with mode 3. Every other launch goes without them: the
+ * parameters' size costs every launch time in a graph. */
 struct BulkParams {
     CUtensorMap tm[4];
     RopeParams r;
@@ -527,7 +531,7 @@ __global__ void __launch_bounds__(kRowThreads, 3) rope_rows_kernel(const __grid_
 }
 
 /* ---------------------------------------------------------------------------------------------
- * The prefill kernel without copy items (version 10's, kept for these launches: run 12).
+ * The prefill kernel without copy items.
  * ------------------------------------------------------------------------------------------- */
 
 /* One batch of pair items of a thread: the loaded a and b units, and the item's row and (token of
@@ -1323,7 +1327,7 @@ bool plan_tensor_map(const lmk_cuda_device *d, CUtensorMap *m, const void *base,
 
 /* The plan of rope_bulk_kernel, when it applies: the device has bulk copies (lmk_cuda_device.bulk),
  * the launch has copy items (a tensor out of place with rope_dim < head_dim: Qwen3.5's q and k;
- * the others keep rope_pairs_kernel, which ran Llama's full rope 8-22% faster, runs 40-42), 16-byte
+ * the others keep rope_pairs_kernel, the faster one where nothing is copied), 16-byte
  * units, one slice (rope_dim <= 2 * kSlicePairs), every tensor in place has its rotated elements in
  * one span at the start of its rows (rope_dim/2 pairing or interleaved, where rope_dim elements are
  * exactly the rotated ones), and no copy would be under kBulkMinCopy bytes. Where a tensor out of
@@ -1360,7 +1364,7 @@ bool plan_bulk(const lmk_rope_args *a, const Geom &g, uint32_t nb, const lmk_cud
     bp->st_mode[1] = bulk_mode(nh1, bp->span_b[1], g.out_head1, g.out_tok1, a->seq_len);
     uint32_t *modes[4] = {&bp->ld_mode[0], &bp->st_mode[0], &bp->ld_mode[1], &bp->st_mode[1]};
     /* Mode 3 for whole rows only: a tensor in place moves its rotated spans, and spans of 128
-     * bytes 512 apart ran slower through tensor copies than rope_pairs_kernel (run 61). */
+     * bytes 512 apart move slower through tensor copies than through rope_pairs_kernel. */
     bool tensor = false;
     for (int m = 0; m < 4; m++)
         if (*modes[m] == 0 && d->tmap_encode && bp->span_b[m / 2] == row_b)
