@@ -55,8 +55,11 @@ extern "C" {
 #define LMK_API
 #endif
 
+/* The version of lmk, kept here and nowhere else: CMake reads these three lines for the project's
+ * version (the soname, lmk.pc, lmkConfigVersion.cmake), lmk_version() is made of them, and the
+ * Python package reads them too. Change them with every release. */
 #define LMK_VERSION_MAJOR 0
-#define LMK_VERSION_MINOR 1
+#define LMK_VERSION_MINOR 2
 #define LMK_VERSION_PATCH 0
 
 /* ------------------------------------------------------------------------------------------------
@@ -82,7 +85,8 @@ LMK_API const char *lmk_last_error(void);
 /* Clears this thread's message, so that lmk_last_error() returns "". */
 LMK_API void lmk_clear_error(void);
 
-/* "0.1.0". */
+/* "MAJOR.MINOR.PATCH" of the macros above, e.g. "0.2.0": the version of the library linked, which
+ * may differ from the header a program was compiled with. */
 LMK_API const char *lmk_version(void);
 
 /* A one-line description of how this library was built, e.g. "cuda=yes (sm_90;PTX) simd=avx2". */

@@ -49,15 +49,15 @@ done
 unset LMK_TEST_SKIP_FAULTS
 # Random cases of every op (test_stress on one thread, so a fault names its own call) under memcheck:
 # the case table cannot hold every shape, and an out-of-bounds shared-memory read of the MIX kernels
-# was found this way (docs/cuda_notes.md, runs 85-88).
+# was found this way (docs/hardening.md, "What the checks have found").
 LMK_STRESS_THREADS=1 LMK_STRESS_SECONDS=30 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
   "$B/tests/test_stress" >"$OUT/san_memcheck_stress.log" 2>&1
 log "compute-sanitizer memcheck test_stress (random cases, 30 s): rc $? | $(grep -E 'ERROR SUMMARY' "$OUT/san_memcheck_stress.log" | tail -n 1) | $(grep -E '^stress: [0-9]' "$OUT/san_memcheck_stress.log")"
 
 # The benchmark.
-timeout 600 "$B/lmk" bench --backend cuda >"$OUT/bench.txt" 2>&1
+timeout 600 "$B/lmk" bench --all --backend cuda >"$OUT/bench.txt" 2>&1
 log "lmk bench (rc $?): $(tail -n 1 "$OUT/bench.txt")"
-timeout 600 "$B/lmk" bench --backend cuda --json >"$OUT/bench.json" 2>"$OUT/bench_json.err"
+timeout 600 "$B/lmk" bench --all --backend cuda --json >"$OUT/bench.json" 2>"$OUT/bench_json.err"
 log "lmk bench --json (rc $?)"
 log "done in $(( $(date +%s) - t0 )) s"
 # Fold the sanitizer logs into one file.

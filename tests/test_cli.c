@@ -9,6 +9,7 @@
  * message about --zz-stop instead of the expected one.
  */
 #include "harness.h"
+#include "lmk.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -138,7 +139,18 @@ int main(void)
         return harness_summary();
     }
 
-    expect("--version", ARGS("--version"), 0, ARGS("lmk "), NONE);
+    char version[64]; /* the tool prints the library's version: lmk.h's */
+    snprintf(version, sizeof version, "lmk %d.%d.%d\n", LMK_VERSION_MAJOR, LMK_VERSION_MINOR, LMK_VERSION_PATCH);
+    expect("--version", ARGS("--version"), 0, ARGS(version), NONE);
+
+    /* bench --list times nothing: every headline entry (tools/bench.c) must pick exactly one of its
+     * op's cases, so a renamed case breaks this rather than `make run`. */
+    expect("bench --list", ARGS("bench", "--list"), 0, ARGS("T=4106 bf16  =  ", "T=1 bf16  =  ", "// Qwen3-8B"),
+           ARGS("lmk:"));
+    expect("bench --all --list", ARGS("bench", "--all", "--list"), 0, ARGS("T=16384 f32", "T=1 bf16"),
+           ARGS("  =  ", "lmk:"));
+    expect("bench --op rope --list", ARGS("bench", "--op", "rope", "--list"), 0, ARGS("rope_multi_qk", "T=16384"),
+           ARGS("attn_prologue", "  =  "));
 
     /* --seed: decimal digits only */
     expect("--seed ' -1'", ARGS("check", "--seed", " -1", "--zz-stop"), 2, ARGS("--seed", "' -1'"),

@@ -8,14 +8,20 @@
 #   (c) CMake:   find_package(lmk REQUIRED) with lmk::lmk (and lmk::lmk_static)
 # runs each program without LD_LIBRARY_PATH and checks the numbers it prints against cos/sin
 # computed here by awk; and (d) builds a parent project that add_subdirectory()s lmk (CPU only):
-# the library must be built, no test, tool or fuzzer.
+# the library must be built, no test, tool or fuzzer. Every version it meets (lmk --version, the
+# library file's name, lmk.pc, what hello prints, find_package's check) must be lmk.h's.
 # CMake copies this file to <build>/tests/test_install with the directories below filled in, so
 # `make test` (tests/run_tests.sh) runs it. Ends with "N passed, N failed, N skipped".
 
 src='@PROJECT_SOURCE_DIR@'
 build='@PROJECT_BINARY_DIR@'
 with_cuda='@LMK_WITH_CUDA@'
+version='@PROJECT_VERSION@'
 [ -f "$src/include/lmk.h" ] || src=$(cd "$(dirname "$0")/.." && pwd) # run from the source tree
+case $version in [0-9]*) ;; *) # not configured: the version's one place, lmk.h's three macros
+    version=$(for p in MAJOR MINOR PATCH; do sed -n "s/^#define LMK_VERSION_$p  *\([0-9][0-9]*\) *$/\1/p" \
+        "$src/include/lmk.h"; done | paste -sd. -) ;;
+esac
 [ -f "$build/CMakeCache.txt" ] || build=build
 if [ $# -gt 0 ]; then build=$1 with_cuda=; fi # another build: find out below whether it has CUDA
 
@@ -79,11 +85,11 @@ run() {
 check_hello() {
     name=$1 prog=$2 want_cuda=${3:-$with_cuda}
     run "$name: run" "$tmp/hello_$name.out" "$prog" || return 1
-    if ! awk -v cuda="$want_cuda" '
+    if ! awk -v cuda="$want_cuda" -v version="$version" '
         function fail(msg) { print "    " msg; bad = 1 }
         function abs(v) { return v < 0 ? -v : v }
         NR == 1 {
-            if ($1 != "lmk" || $2 !~ /^[0-9]+\.[0-9]+\.[0-9]+$/) fail("first line: " $0)
+            if ($1 != "lmk" || $2 != version) fail("first line: " $0 " (want lmk " version ")")
             if ((cuda == "ON") != (index($0, "cuda=yes") > 0)) fail("build info says " $0 " but CUDA is " cuda)
         }
         /^device: / { dev = ($2 == "cpu") }
@@ -146,6 +152,12 @@ if run "bin/lmk info" "$tmp/tool.out" "$prefix/bin/lmk" info; then
     if head -n 1 "$tmp/tool.out" | grep -q '^lmk [0-9]'; then ok "installed bin/lmk runs"; else
         bad "bin/lmk info printed: $(head -n 1 "$tmp/tool.out")"; fi
 fi
+# One version everywhere (lmk.h's macros): the tool, the library file's name; lmk.pc and hello below.
+tool_version=$("$prefix/bin/lmk" --version 2>&1)
+[ "$tool_version" = "lmk $version" ] && ok "lmk --version: $tool_version" ||
+    bad "lmk --version printed '$tool_version', want 'lmk $version'"
+[ -e "$prefix/$libdir/liblmk.so.$version" ] && ok "liblmk.so.$version installed" ||
+    bad "no $libdir/liblmk.so.$version: $(ls "$prefix/$libdir" | tr '\n' ' ')"
 
 # ---- (a) pkg-config, shared library, rpath ----
 export PKG_CONFIG_PATH="$prefix/$libdir/pkgconfig"
@@ -153,6 +165,8 @@ if ! pkg-config --exists lmk; then
     bad "pkg-config does not find lmk.pc in $PKG_CONFIG_PATH"
 else
     pc_libdir=$(pkg-config --variable=libdir lmk)
+    pc_version=$(pkg-config --modversion lmk)
+    [ "$pc_version" = "$version" ] && ok "lmk.pc: version $version" || bad "lmk.pc: version $pc_version, want $version"
     [ "$pc_libdir" = "$prefix/$libdir" ] && ok "lmk.pc: libdir is the install prefix's" ||
         bad "lmk.pc: libdir $pc_libdir, want $prefix/$libdir"
     # shellcheck disable=SC2046 # word splitting of pkg-config's output is intended
@@ -188,7 +202,7 @@ mkdir -p "$tmp/consumer"
 cat >"$tmp/consumer/CMakeLists.txt" <<EOF
 cmake_minimum_required(VERSION 3.18)
 project(lmk_consumer LANGUAGES C)
-find_package(lmk 0.1 REQUIRED)
+find_package(lmk $version REQUIRED)
 add_executable(hello_cmake "$hello")
 target_link_libraries(hello_cmake PRIVATE lmk::lmk)
 add_executable(hello_cmake_static "$hello")

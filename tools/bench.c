@@ -12,6 +12,9 @@
  * a real model step. Cases too small for that (decode, T = 1) run hot on one set and say so.
  * CPU times are the median over calls of clock time around one synchronous call; CUDA times come
  * from events (tools/bench_cuda.c), replayed from a CUDA graph to keep launch gaps out.
+ *
+ * What runs: by default the headline cases (k_headline below: a few real model shapes, seconds on
+ * a 2-core CPU); --all, or any of --op, --dtype and --T, runs the ops' whole benchmark lists.
  */
 #include "tool.h"
 
@@ -67,7 +70,42 @@ typedef struct bench_opts {
     int threads;      /* 0: the device default */
     int iters;        /* 0: adaptive */
     bool json;
+    bool all;         /* every case of the selected ops (--all, --op, --dtype or --T), else the headline */
+    bool list;        /* print the cases, time nothing */
 } bench_opts;
+
+/* ---- the headline: what `lmk bench` runs by default ----
+ *
+ * One row per case worth a first look: the prompt (T = 4106) and decode (T = 1) shapes of the
+ * models the ops were made for, in bf16, as engines run them. Each entry picks one of its op's
+ * benchmark cases (the descriptor's bench_cases at that T and dtype) by fragments of the case's
+ * name, all of which must occur in exactly one case; `lmk bench --list` shows the picks, and a
+ * fragment that stops matching after a rename fails it (tests/test_cli.c). A new op adds its lines
+ * here. The label is the row's name in the table: with T and dtype it fits 120 columns. */
+#define HEADLINE_FRAGMENTS 3
+typedef struct headline {
+    const char *op;
+    uint32_t T;
+    lmk_dtype dtype;
+    const char *match[HEADLINE_FRAGMENTS]; /* unused ones NULL */
+    const char *label;                     /* at most 44 characters: rows stay within 120 columns */
+} headline;
+
+static const headline k_headline[] = {
+    {"rope", 4106, LMK_BF16, {"rope imrope", "q=q|gate"}, "rope q+k, Qwen3.5-27B q from q|gate"},
+    {"rope", 1, LMK_BF16, {"rope imrope", "q=q|gate"}, "rope q+k, Qwen3.5-27B q from q|gate"},
+    {"rope", 4106, LMK_BF16, {"rope neox", "qkv-in-place"}, "rope q+k in packed qkv, Llama-3.1-8B"},
+    {"attn_prologue", 4106, LMK_BF16, {"q-in-place", "cache=bf16+v", "// Qwen3-8B"},
+     "attn_prologue, Qwen3-8B qkv+norm+cache"},
+    {"attn_prologue", 1, LMK_BF16, {"q-in-place", "cache=bf16+v", "// Qwen3-8B"},
+     "attn_prologue, Qwen3-8B qkv+norm+cache"},
+    {"attn_prologue", 4106, LMK_BF16, {"cache=bf16+v", "// Qwen3.5/3.6-27B"},
+     "attn_prologue, Qwen3.5-27B q|gate+norm+cache"},
+    {"repeat", 4106, LMK_BF16, {"repeat_heads block 8->32"}, "repeat_heads block 8->32, Llama-3.1-8B k"},
+    {"repeat", 4106, LMK_BF16, {"repeat_heads tiled 16->48"}, "repeat_heads tiled 16->48, Qwen3.5-27B q"},
+    /* Gated DeltaNet (causal_conv1d, gated_delta_rule): their headline rows go here. */
+};
+#define N_HEADLINE (int)(sizeof k_headline / sizeof k_headline[0])
 
 /* How many buffer sets to rotate through, from the bytes a set occupies: one when a set alone is
  * four times the cache, else enough to be four times the cache together (at twice, a third of a
@@ -469,6 +507,49 @@ static lmk_status run_case(bench_env *e, const bench_opts *o, const tst_case *c,
 
 /* ---- the case list ---- */
 
+/* The case of headline entry h, into *out; the number of the op's cases that match (1: found). */
+static int headline_case(const headline *h, uint32_t t_max, tst_case *out)
+{
+    const tst_op *op = tst_op_find(h->op);
+    tst_case *c = op ? calloc(MAX_CASES, sizeof *c) : NULL;
+    if (!c)
+        return 0;
+    const int n = tst_op_bench_cases(op, h->T, h->dtype, h->T == t_max, c, MAX_CASES);
+    int found = 0;
+    for (int i = 0; i < n; i++) {
+        bool all = true;
+        for (int f = 0; f < HEADLINE_FRAGMENTS && all; f++)
+            all = !h->match[f] || strstr(c[i].name, h->match[f]);
+        if (all && found++ == 0)
+            *out = c[i];
+    }
+    free(c);
+    return found;
+}
+
+/* The headline cases (labels[i] names case i); an entry that matches no case or several is
+ * reported and makes the run fail. Returns the count, or -1. */
+static int make_headline(tst_case *cases, const char **labels)
+{
+    uint32_t t_max = 0;
+    for (int i = 0; i < N_HEADLINE; i++)
+        t_max = k_headline[i].T > t_max ? k_headline[i].T : t_max;
+    int n = 0, bad = 0;
+    for (int i = 0; i < N_HEADLINE; i++) {
+        const headline *h = &k_headline[i];
+        const int found = headline_case(h, t_max, &cases[n]);
+        if (found != 1) {
+            fprintf(stderr, "lmk: bench's headline entry \"%s\" (%s T=%u %s) matches %d of the op's bench cases, "
+                    "not one: tools/bench.c's k_headline needs updating\n", h->label, h->op, h->T,
+                    lmk_dtype_name(h->dtype), found);
+            bad = 1;
+            continue;
+        }
+        labels[n++] = h->label;
+    }
+    return bad ? -1 : n;
+}
+
 /* Every selected op's benchmark cases, per dtype and token count. */
 static int make_cases(const bench_opts *o, tst_case *cases)
 {
@@ -490,19 +571,57 @@ static int make_cases(const bench_opts *o, tst_case *cases)
 
 /* ---- output ---- */
 
-static void print_row(const bench_env *e, const tst_case *c, const bench_result *r, bool json, bool first)
+/* The case column: the full case name, or for a headline case its label with T and dtype. */
+static void case_text(const tst_case *c, const char *label, char *buf, size_t len)
+{
+    if (label)
+        snprintf(buf, len, "%s, T=%u %s", label, c->T, lmk_dtype_name(c->dtype));
+    else
+        snprintf(buf, len, "%s", c->name);
+}
+
+static void print_json_head(const bench_env *e, const tst_case *c, const char *label, bool first)
+{
+    printf("%s\n  {\"op\": ", first ? "" : ",");
+    tool_json_string(stdout, c->op->name);
+    printf(", \"case\": ");
+    tool_json_string(stdout, c->name);
+    if (label) {
+        printf(", \"label\": ");
+        tool_json_string(stdout, label);
+    }
+    printf(", \"backend\": \"%s\", \"dtype\": \"%s\", \"T\": %u", e->cuda ? "cuda" : "cpu",
+           lmk_dtype_name(c->dtype), c->T);
+}
+
+/* A case the device cannot run (unsupported here, or out of memory): a row that says why. */
+static void print_skip(const bench_env *e, const tst_case *c, const char *label, const char *why, bool json,
+                       bool first)
+{
+    if (json) {
+        print_json_head(e, c, label, first);
+        printf(", \"skipped\": ");
+        tool_json_string(stdout, why);
+        putchar('}');
+        return;
+    }
+    char text[TST_CASE_NAME + 64];
+    case_text(c, label, text, sizeof text);
+    printf("%-58s  %s\n    skipped: %s\n", "   skipped", text, why);
+    fflush(stdout);
+}
+
+static void print_row(const bench_env *e, const tst_case *c, const char *label, const bench_result *r, bool json,
+                      bool first)
 {
     const double gbs = r->bytes / r->time_s / 1e9, ceil_gbs = r->ceiling_bps / 1e9;
     if (json) {
-        printf("%s\n  {\"op\": ", first ? "" : ",");
-        tool_json_string(stdout, c->op->name);
-        printf(", \"case\": ");
-        tool_json_string(stdout, c->name);
-        printf(", \"backend\": \"%s\", \"dtype\": \"%s\", \"T\": %u, \"time_us\": %.3f, \"bytes\": %.0f, "
+        print_json_head(e, c, label, first);
+        printf(", \"time_us\": %.3f, \"bytes\": %.0f, "
                "\"gb_s\": %.2f, \"ceiling_gb_s\": %.2f, \"fraction\": %.3f, \"buffer_sets\": %d, "
                "\"in_cache\": %s, \"samples\": %d",
-               e->cuda ? "cuda" : "cpu", lmk_dtype_name(c->dtype), c->T, r->time_s * 1e6, r->bytes, gbs, ceil_gbs,
-               gbs / ceil_gbs, r->n_sets, r->in_cache ? "true" : "false", r->samples);
+               r->time_s * 1e6, r->bytes, gbs, ceil_gbs, gbs / ceil_gbs, r->n_sets, r->in_cache ? "true" : "false",
+               r->samples);
         if (r->host_s > 0)
             printf(", \"host_us\": %.3f", r->host_s * 1e6);
         if (e->threads > 0)
@@ -513,14 +632,16 @@ static void print_row(const bench_env *e, const tst_case *c, const bench_result 
         putchar('}');
         return;
     }
-    printf("%10.2f %9.1f %13.1f %9.2f", r->time_s * 1e6, gbs, ceil_gbs, gbs / ceil_gbs);
+    char text[TST_CASE_NAME + 64];
+    case_text(c, label, text, sizeof text);
+    printf("%10.2f %8.1f %8.1f %8.2f", r->time_s * 1e6, gbs, ceil_gbs, gbs / ceil_gbs);
     if (e->cuda && r->host_s > 0)
-        printf(" %8.2f", r->host_s * 1e6);
+        printf(" %9.2f", r->host_s * 1e6);
     else if (e->cuda)
-        printf(" %8s", "");
+        printf(" %9s", "");
     else
-        printf(" %10.2f", r->bytes / r->time_s / r->memcpy_bps);
-    printf(" %-8s  %s\n", r->in_cache ? "in cache" : "", c->name);
+        printf(" %9.2f", r->bytes / r->time_s / r->memcpy_bps);
+    printf(" %-8s  %s\n", r->in_cache ? "in cache" : "", text);
     fflush(stdout);
 }
 
@@ -571,6 +692,10 @@ static int parse_bench_opts(int argc, char **argv, bench_opts *o)
         int r, c;
         if (tool_flag(argv, i, "--json")) {
             o->json = true;
+        } else if (tool_flag(argv, i, "--all")) {
+            o->all = true;
+        } else if (tool_flag(argv, i, "--list")) {
+            o->list = true;
         } else if ((r = tool_opt(argc, argv, &i, "--backend", &v)) != 0) {
             if (r < 0 || (c = tool_parse_choice("--backend", v, backends, 2)) < 0)
                 return TOOL_EXIT_USAGE;
@@ -578,12 +703,15 @@ static int parse_bench_opts(int argc, char **argv, bench_opts *o)
         } else if ((r = tool_opt(argc, argv, &i, "--op", &v)) != 0) {
             if (r < 0 || tool_parse_op(v, &o->op) < 0)
                 return TOOL_EXIT_USAGE;
+            o->all = true;
         } else if ((r = tool_opt(argc, argv, &i, "--dtype", &v)) != 0) {
             if (r < 0 || (o->dtype = tool_parse_choice("--dtype", v, dtypes, 3)) < 0)
                 return TOOL_EXIT_USAGE;
+            o->all = true;
         } else if ((r = tool_opt(argc, argv, &i, "--T", &v)) != 0) {
             if (r < 0 || parse_T_list(v, o) != 0)
                 return TOOL_EXIT_USAGE;
+            o->all = true;
         } else if ((r = tool_opt(argc, argv, &i, "--threads", &v)) != 0) {
             if (r < 0 || tool_parse_u64("--threads", v, 1, 1024, &n) < 0)
                 return TOOL_EXIT_USAGE;
@@ -618,17 +746,40 @@ static int open_env(const bench_opts *o, bench_env *e)
     return 0;
 }
 
-static void print_header(const bench_env *e)
+/* Why the run is not on CUDA when the device was left to the tool; NULL when it is or was asked. */
+static const char *no_cuda_reason(const bench_opts *o, const bench_env *e)
+{
+    if (e->cuda || o->backend != LMK_BACKEND_AUTO)
+        return NULL;
+#ifdef LMK_WITH_CUDA
+    return "no GPU";
+#else
+    return "this build has no CUDA backend; make CUDA=1 builds it";
+#endif
+}
+
+static void print_header(const bench_opts *o, const bench_env *e, int n_cases, int n_every)
 {
     if (e->cuda)
-        printf("# lmk bench on %s\n# GB/s: the bytes each op must move, per second; ceiling: a device-to-device "
-               "copy moving as many bytes\n", lmk_device_name(e->dev));
+        printf("# lmk bench on %s\n", lmk_device_name(e->dev));
     else
-        printf("# lmk bench on %s, stream of %d thread%s\n# GB/s: the bytes each op must move, per second; "
-               "ceiling: a copy moving as many bytes on as many threads (memcpy or streaming stores)\n",
-               lmk_device_name(e->dev), e->threads, e->threads == 1 ? "" : "s");
-    printf("%10s %9s %13s %9s%s %-8s  %s\n", "time us", "GB/s", "ceiling GB/s", "fraction",
-           e->cuda ? "  host us" : " vs memcpy", "note", "case");
+        printf("# lmk bench on %s, stream of %d thread%s\n", lmk_device_name(e->dev), e->threads,
+               e->threads == 1 ? "" : "s");
+    const char *no_cuda = no_cuda_reason(o, e);
+    if (no_cuda)
+        printf("# cuda: skipped: %s\n", no_cuda);
+    if (!o->all)
+        printf("# %d headline cases (lmk bench --all: all %d cases, lmk bench --help: the options)\n", n_cases,
+               n_every);
+    if (e->cuda)
+        printf("# GB/s: the bytes each op must move, per second; ceiling: GB/s of a device-to-device copy\n"
+               "# of as many bytes; fraction: GB/s / ceiling; host us: enqueueing one call (docs/bench.md)\n");
+    else
+        printf("# GB/s: the bytes each op must move, per second; ceiling: GB/s of a copy of as many bytes on\n"
+               "# as many threads (memcpy or streaming stores, the faster); fraction: GB/s / ceiling;\n"
+               "# vs memcpy: GB/s / plain memcpy's (docs/bench.md)\n");
+    printf("%10s %8s %8s %8s %9s %-8s  %s\n", "time us", "GB/s", "ceiling", "fraction",
+           e->cuda ? "host us" : "vs memcpy", "note", "case");
 }
 
 int tool_bench(int argc, char **argv)
@@ -638,38 +789,70 @@ int tool_bench(int argc, char **argv)
     if (rc != 0)
         return rc;
     tst_case *cases = calloc(MAX_CASES, sizeof *cases);
-    if (!cases)
+    const char **labels = calloc(MAX_CASES, sizeof *labels);
+    if (!cases || !labels) {
+        free(cases);
+        free(labels);
         return tool_usage_error("out of host memory");
-    const int n_cases = make_cases(&o, cases);
+    }
+    const int n_every = make_cases(&o, cases); /* the count --all would run */
+    const int n_cases = o.all ? n_every : make_headline(cases, labels);
+    if (n_cases < 0)
+        rc = TOOL_EXIT_FAIL;
+    if (o.list) {
+        for (int i = 0; i < n_cases; i++) {
+            if (labels[i])
+                printf("%s, T=%u %s  =  ", labels[i], cases[i].T, lmk_dtype_name(cases[i].dtype));
+            printf("%s\n", cases[i].name);
+        }
+        free(cases);
+        free(labels);
+        return rc;
+    }
 
     bench_env e = {.seed = 0x1a2b3c4d5e6f7788ull};
-    rc = open_env(&o, &e);
+    if (rc == 0)
+        rc = open_env(&o, &e);
     if (rc == 0 && !o.json)
-        print_header(&e);
+        print_header(&o, &e, n_cases, n_every);
     else if (rc == 0)
         putchar('[');
     const bool progress = isatty(STDERR_FILENO);
     const double t0 = tst_now();
+    int n_skipped = 0;
     for (int i = 0; i < n_cases && rc == 0; i++) {
         if (progress)
-            fprintf(stderr, "\r\033[K[%d/%d] %s", i + 1, n_cases, cases[i].name);
+            fprintf(stderr, "\r\033[K[%d/%d] %s", i + 1, n_cases, labels[i] ? labels[i] : cases[i].name);
         bench_result res;
         const lmk_status st = run_case(&e, &o, &cases[i], &res);
         if (progress)
             fprintf(stderr, "\r\033[K");
-        if (st != LMK_OK)
+        /* A case this device cannot run, or that does not fit in its memory, is a limit of the
+         * machine, not a fault: its row says so and the run goes on. */
+        if (st == LMK_ERR_UNSUPPORTED || st == LMK_ERR_OUT_OF_MEMORY) {
+            char why[300];
+            snprintf(why, sizeof why, "%s: %s", lmk_status_name(st), lmk_last_error());
+            print_skip(&e, &cases[i], labels[i], why, o.json, i == 0);
+            n_skipped++;
+        } else if (st != LMK_OK) {
             rc = tool_lib_error(st, cases[i].name);
-        else
-            print_row(&e, &cases[i], &res, o.json, i == 0);
+        } else {
+            print_row(&e, &cases[i], labels[i], &res, o.json, i == 0);
+        }
     }
-    if (o.json && rc == 0)
+    if (o.json && rc == 0) {
         printf("\n]\n");
-    else if (rc == 0)
-        printf("# %d cases in %.1f s\n", n_cases, tst_now() - t0);
+    } else if (rc == 0) {
+        printf("# %d %scases in %.1f s", n_cases, o.all ? "" : "headline ", tst_now() - t0);
+        if (n_skipped)
+            printf(", %d skipped (above: why)", n_skipped);
+        printf("\n");
+    }
 
     copy_pool_free(e.pool);
     lmk_stream_destroy(e.s);
     lmk_device_close(e.dev);
     free(cases);
+    free(labels);
     return rc;
 }

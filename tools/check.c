@@ -67,8 +67,9 @@ static void report(check_state *c, op_tally *t, const backend *be, const tst_cas
         else
             counts[i]->skipped++;
     }
-    if (res == RES_SKIP && !t->skip_reason[0])
-        snprintf(t->skip_reason, sizeof t->skip_reason, "%s: %.180s", be->name, r->msg);
+    for (int i = 0; i < 2; i++)
+        if (res == RES_SKIP && !counts[i]->skip_reason[0])
+            snprintf(counts[i]->skip_reason, sizeof counts[i]->skip_reason, "%s: %.180s", be->name, r->msg);
     if (c->o->json) {
         printf("%s\n    {\"op\": ", c->first_json ? "" : ",");
         tool_json_string(stdout, tc->op->name);
@@ -126,12 +127,15 @@ static int open_backend(check_state *c, lmk_backend kind, bool required)
     backend *be = &c->be[c->n_be];
     be->name = kind == LMK_BACKEND_CUDA ? "cuda" : "cpu";
     if (kind == LMK_BACKEND_CUDA && !required && lmk_device_count(LMK_BACKEND_CUDA) == 0) {
-        c->total.skipped++;
 #ifdef LMK_WITH_CUDA
-        fprintf(c->o->json ? stderr : stdout, "cuda  SKIP every case: no GPU\n");
+        const char *why = "no GPU", *brief = "no GPU";
 #else
-        fprintf(c->o->json ? stderr : stdout, "cuda  SKIP every case: this build has no CUDA backend\n");
+        const char *why = "this build has no CUDA backend; make CUDA=1 builds it", *brief = "not in this build";
 #endif
+        c->total.skipped++;
+        if (!c->total.skip_reason[0])
+            snprintf(c->total.skip_reason, sizeof c->total.skip_reason, "cuda: %s", brief);
+        fprintf(c->o->json ? stderr : stdout, "cuda  SKIP every case: %s\n", why);
         return 0;
     }
     char what[64];
@@ -232,9 +236,12 @@ int tool_check(int argc, char **argv)
         if (o.json)
             printf("\n  ],\n  \"passed\": %d, \"failed\": %d, \"skipped\": %d, \"seconds\": %.1f}\n", c.total.passed,
                    c.total.failed, c.total.skipped, secs);
-        else
-            printf("check: %d passed, %d failed, %d skipped in %.1f s (seed %llu)\n", c.total.passed, c.total.failed,
-                   c.total.skipped, secs, (unsigned long long)o.seed);
+        else {
+            printf("check: %d passed, %d failed, %d skipped", c.total.passed, c.total.failed, c.total.skipped);
+            if (c.total.skipped)
+                printf(" (%s%s)", c.total.skipped > 1 ? "the first: " : "", c.total.skip_reason);
+            printf(" in %.1f s (seed %llu)\n", secs, (unsigned long long)o.seed);
+        }
         rc = c.total.failed ? TOOL_EXIT_FAIL : 0;
     }
     for (int b = 0; b < c.n_be; b++) {

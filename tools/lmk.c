@@ -4,7 +4,7 @@
  *     lmk info | check [--quick] ... | bench [--json] ... | help [command] | --help | --version
  *
  * The tool is the project's smoke test and its benchmark: `make run` is `lmk check --quick` then
- * `lmk bench`. Library failures are printed with lmk_status_name and lmk_last_error and end the
+ * `lmk bench` (its headline cases). Library failures are printed with lmk_status_name and lmk_last_error and end the
  * run with a non-zero exit status; usage errors exit with 2. The ops it runs come from the test
  * kit's registry (testkit.h), so the texts below list them from there.
  */
@@ -41,18 +41,21 @@ static const char usage_check[] =
     "  --json                  a JSON object on stdout (seed, counts, every case) instead of the text\n";
 
 static const char usage_bench[] =
-    "usage: lmk bench [--backend cpu|cuda] [--op %s|all] [--dtype f32|bf16|all]\n"
-    "                 [--T LIST] [--threads N] [--iters N] [--json]\n"
+    "usage: lmk bench [--all] [--backend cpu|cuda] [--op %s|all] [--dtype f32|bf16|all]\n"
+    "                 [--T LIST] [--threads N] [--iters N] [--list] [--json]\n"
     "\n"
     "Times each op at real model shapes and reports GB/s of the bytes it must move against a copy\n"
-    "ceiling measured in the same run. docs/bench.md explains the columns.\n"
+    "ceiling measured in the same run. docs/bench.md explains the columns. Without --all, --op,\n"
+    "--dtype or --T it runs the headline cases: the prompt and decode shapes of a few models, bf16.\n"
     "\n"
+    "  --all                 every benchmark case of every op (each dtype, each T of --T)\n"
     "  --backend cpu|cuda    default: CUDA when a GPU is usable, else the CPU\n"
-    "  --op %s|all   default all\n"
-    "  --dtype f32|bf16|all  default all\n"
-    "  --T LIST              comma-separated token counts (default 1,4106,16384)\n"
+    "  --op %s|all   every case of one op (implies --all's list for that op)\n"
+    "  --dtype f32|bf16|all  with --all: default all\n"
+    "  --T LIST              with --all: comma-separated token counts (default 1,4106,16384)\n"
     "  --threads N           CPU worker threads (default: LMK_NUM_THREADS, else every core)\n"
     "  --iters N             timed iterations per case (default: adaptive, at least 5)\n"
+    "  --list                print the cases that would run, time nothing\n"
     "  --json                a JSON array on stdout instead of the table\n";
 
 static const char usage_info[] =

@@ -73,9 +73,13 @@ lmk_status lmk_fail(lmk_status st, const char *fmt, ...)
     return st;
 }
 
+/* Made of lmk.h's macros, the version's one place. */
+#define LMK_STR_(x) #x
+#define LMK_STR(x) LMK_STR_(x)
+
 const char *lmk_version(void)
 {
-    return "0.1.0";
+    return LMK_STR(LMK_VERSION_MAJOR) "." LMK_STR(LMK_VERSION_MINOR) "." LMK_STR(LMK_VERSION_PATCH);
 }
 
 /* The build's fixed part, then simd=: the CPU level, known only at run time. */
