@@ -3,8 +3,9 @@
  *
  * The CUDA backend picks one of several kernels per launch (rope: decode, bulk, rows, pairs;
  * attn_prologue: decode, stream, the general kernel, each with instantiations such as MIX, AHEAD and
- * CHUNK), and the choice is what docs/cuda_notes.md measured: a change that sends a model's prompt
- * to another kernel keeps every result right and loses its speed without any other test noticing.
+ * CHUNK), and the choice is the one docs/cuda.md describes and docs/decisions.md measured: a change
+ * that sends a model's prompt to another kernel keeps every result right and loses its speed
+ * without any other test noticing.
  * This test plans the calls of real model shapes through the launchers' own planning
  * (lmk_cuda_rope_route, lmk_cuda_attn_prologue_route) and checks each route:
  *   - on described devices, so it runs without a GPU: an H200 (132 SMs, sm_90's bulk copies and
@@ -172,7 +173,7 @@ typedef struct rope_route_case {
 #define R_GPTJ .head_dim = 256, .rope_dim = 64, .n_heads = 16, .freq_base = 1e4f, .mode = LMK_ROPE_NORMAL
 
 static const rope_route_case k_rope[] = {
-    /* decode: one token, q and k in one launch; 8-byte units for 2-byte types (rope version 7) */
+    /* decode: one token, q and k in one launch; 8-byte units for 2-byte types (kDecNarrowRows) */
     {"Qwen3.5-27B decode bf16, q from q|gate", {R_QWEN35, .seq_len = 1}, LMK_BF16, QGATE, false, 0,
      "rope_decode_kernel", false, 8, 1, "rope_decode_kernel"},
     {"Llama-3.1-8B decode bf16", {R_LLAMA31, .seq_len = 1}, LMK_BF16, DENSE, false, 0, "rope_decode_kernel", false,

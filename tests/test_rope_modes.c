@@ -997,15 +997,15 @@ static void test_models(tst_dev *d)
     printf("  [%s] model shapes: %d cases, %d failed\n", d->name, g_fig.cases - cases, g_fig.failed - before);
 }
 
-/* Long prompts on a GPU, in the launches sm_90 and later give the bulk kernel (docs/cuda_notes.md,
- * rope versions 13 and 14: out of place with rope_dim < head_dim). On an H200 (132 SMs,
+/* Long prompts on a GPU, in the launches sm_90 and later give the bulk kernel (docs/cuda.md, "rope:
+ * the four kernels": out of place with rope_dim < head_dim). On an H200 (132 SMs,
  * 228 KB of shared memory an SM, 3 blocks an SM) each case reaches a different part of it: Qwen3.5-27B
  * q and k in bf16 (a token a tile, 5 stages: the ring wraps, stages refilled two tiles back), in f16
  * with i64 positions and random freq_factors, with YaRN's ramp and m (the 1M-context mapping); q
  * alone in f32 (24 KB a token: 3 stages, refilled one tile back); GPT-J's interleaved pairs (4
  * stages); and 4 heads of q alone in bf16 at 12001 tokens (8 tokens a tile: several tiles a block
- * and a short last tile). The strided ones take bulk tensor copies (a tensor map per side, version
- * 14): q read out of q|gate and written into another (both sides), in f32 alone, with YaRN and i64
+ * and a short last tile). The strided ones take bulk tensor copies (a tensor map per side, mode
+ * 3): q read out of q|gate and written into another (both sides), in f32 alone, with YaRN and i64
  * positions, and 4 heads at 12001 tokens (a short last tile: its box passes the tensor's end). Each
  * call is also run on the same GPU opened with LMK_CUDA_BULK=0 (the other prefill kernels), which
  * must give the same bits; tests/cuda_h200.sh also runs this whole program with LMK_CUDA_BULK=0. */

@@ -19,8 +19,8 @@
  * op and change no byte.
  *
  * One more thread keeps changing the CPU device's thread count (lmk_device_set_threads) while the
- * others create streams on it: under TSan this is the check for the data race of fuzz/FINDINGS.md
- * #1, now fixed (LMK_STRESS_SET_THREADS=0 turns it off).
+ * others create streams on it: under TSan this is the check that keeps the data race of
+ * fuzz/FINDINGS.md #1 fixed (LMK_STRESS_SET_THREADS=0 turns it off).
  *
  * Worker threads never call CHECK (the harness counters are not atomic): they count their calls
  * and failures and the main thread checks the totals. Under `make test-tsan` this is the test
