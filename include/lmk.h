@@ -19,12 +19,14 @@
  *  - An op call validates, then only enqueues work: it performs no heap allocation, no
  *    host-device synchronisation and no host copy, so it is usable on a decode hot path and inside
  *    a captured CUDA graph.
- *  - Stack: an op call uses at most 16 KiB of the calling thread's stack, whatever the shapes, so
- *    ops may be called from threads with small stacks (32 KiB ones are tested). On the CPU the
- *    calling thread runs a share of the work, with tables of fixed size; the bound counts that,
+ *  - Stack: an op call uses at most 16 KiB of the calling thread's stack, whatever the shapes and
+ *    the optimisation level of the build, so ops may be called from threads with small stacks
+ *    (32 KiB ones are tested). On the CPU the calling thread runs a share of the work; the tables
+ *    of each share live in memory its stream allocated when it was created. The bound counts
  *    libm and libc, and the dynamic loader's binding of a symbol on its first call (measured with
- *    gcc and clang: rope 6-9 KiB, repeat 2 KiB, a rejected call 3-4 KiB). On CUDA the runtime's
- *    launch frames come on top.
+ *    gcc and clang at every instruction-set level: optimised builds 2-6 KiB for every op and a
+ *    rejected call, unoptimised (-O0) ones up to 14 KiB, clang with AVX-512). On CUDA the
+ *    runtime's launch frames come on top.
  *  - Results are deterministic: on one device of one build, the same inputs give bit-identical
  *    outputs on every run, whatever the thread count (lmk_device_set_threads, LMK_NUM_THREADS) and
  *    whatever floating-point environment the calling thread has set: its rounding mode
@@ -202,7 +204,8 @@ LMK_API int lmk_device_threads(const lmk_device *dev);
  * the 1-D shape [byte_len / dtype size]. CPU buffer memory is host memory; CUDA buffer memory is
  * device memory (cudaMalloc), read and written with lmk_buffer_read/lmk_buffer_write.
  * Errors common to all constructors: INVALID_ARGUMENT (NULL out or device, unknown dtype, ndim
- * outside [0, LMK_MAX_DIMS], a shape whose byte size overflows or exceeds byte_len). wrap and view
+ * outside [0, LMK_MAX_DIMS], a shape whose byte size overflows or exceeds byte_len; a shape with an
+ * axis of 0 has 0 elements and 0 bytes, whatever its other axes). wrap and view
  * also reject memory not aligned to the element size (e.g. an f32 view at byte offset 2).
  * ---------------------------------------------------------------------------------------------- */
 
@@ -243,7 +246,8 @@ LMK_API void     *lmk_buffer_data(const lmk_buffer *buf);
  * of the parent. Strides are in elements and may be any value (0 and overlapping layouts too: each
  * op says what it accepts). The view must start at an offset aligned to the element size and its
  * furthest element must end inside the parent. Its element count is the product of the shape; its
- * byte length is the span up to the last byte of its furthest element (0 when an axis is 0). E.g. q
+ * byte length is the span up to the last byte of its furthest element (0 when an axis is 0: such a
+ * view has no element and is contiguous, whatever its other axes and strides). E.g. q
  * of a Qwen3.5 [T, Hq, 2D] q|gate projection is shape {T, Hq, D}, strides {2*Hq*D, 2*D, 1} at 0.
  * It must be freed before its parent. Errors: INVALID_ARGUMENT (NULL parent, out, or shape or
  * strides with ndim > 0; ndim outside [1, LMK_MAX_DIMS]; unknown dtype; misaligned offset; a span
@@ -253,7 +257,8 @@ LMK_API lmk_status lmk_buffer_view_strided(const lmk_buffer *parent, size_t byte
                                            lmk_buffer **out);
 /* The stride of an axis in elements; 0 for NULL or an axis outside [0, ndim). */
 LMK_API size_t lmk_buffer_stride(const lmk_buffer *buf, int axis);
-/* 1 when the buffer is dense row-major (strides of axes of length 1 are ignored), else 0. */
+/* 1 when the buffer is dense row-major (strides of axes of length 1 are ignored) or has no element,
+ * else 0. */
 LMK_API int    lmk_buffer_is_contiguous(const lmk_buffer *buf);
 
 /* ------------------------------------------------------------------------------------------------
@@ -262,10 +267,12 @@ LMK_API int    lmk_buffer_is_contiguous(const lmk_buffer *buf);
  * A stream orders work on one device. Ops are queued on it and may run asynchronously;
  * lmk_stream_sync waits for all of it and reports asynchronous failures. On the CPU an op runs to
  * completion on the stream's own worker threads before the call returns, so sync only returns
- * LMK_OK. On CUDA an op only enqueues kernels; faults during them surface as LMK_ERR_DEVICE at a
- * later call or at lmk_stream_sync. Such a fault (e.g. an op on a buffer wrapping freed device
- * memory) is sticky: the device stays unusable in this process, every later call on it returns
- * LMK_ERR_DEVICE, and only freeing/closing its handles still works (lmk_cuda.h has the detail).
+ * LMK_OK; the ops' working memory (8 KiB per thread and 8 KiB shared) is the stream's, allocated
+ * when it is created. On CUDA an op only enqueues kernels; faults during them surface as
+ * LMK_ERR_DEVICE at a later call or at lmk_stream_sync. Such a fault (e.g. an op on a buffer
+ * wrapping freed device memory) is sticky: the device stays unusable in this process, every later
+ * call on it returns LMK_ERR_DEVICE, and only freeing/closing its handles still works (lmk_cuda.h
+ * has the detail).
  *
  * fork(): CPU handles made before a fork() keep working in the child (Python's multiprocessing
  * does this). A stream's worker threads do not exist there; the child's first op on the stream
@@ -299,8 +306,10 @@ LMK_API lmk_device *lmk_stream_device(const lmk_stream *s);
  * shares no byte with any other operand, and its own elements are distinct (no stride 0 on an axis
  * longer than 1, no self-overlapping layout). So q and k rotated in place inside one packed QKV
  * buffer are accepted (their extents interleave, their elements do not), while a real overlap is
- * rejected and changes nothing. For layouts other than tensors side by side in one row (packed
- * QKV, q|gate, KV caches) lmk may reject a layout it cannot prove disjoint.
+ * rejected and changes nothing. The rule is exact, for any number of heads, for tensors side by side
+ * in one row (packed QKV, q|gate, KV caches) and for tensors interleaved head by head (GPT-NeoX's
+ * [T, H, 3, D] q, k and v; [rows, Hk, 2, D] caches of k and v). For other layouts lmk may reject
+ * a layout it cannot prove disjoint.
  * ---------------------------------------------------------------------------------------------- */
 
 /* ------------------------------------------------------------------------------------------------
@@ -310,13 +319,17 @@ LMK_API lmk_device *lmk_stream_device(const lmk_stream *s);
  *
  * Head i of the output reads head i % hg: the GGUF / llama.cpp ggml_repeat_4d order, not Hugging
  * Face's repeat_interleave (block) order i / (h / hg). A pure copy of any element size: the output
- * is bit-identical to the source. src and dst must be on the stream's device with equal dtypes
- * and hold at least seq*hg*k and seq*h*k elements (by byte length; larger buffers are accepted).
- * src and dst must not overlap.
+ * is bit-identical to the source. src and dst must be on the stream's device with equal dtypes.
+ * A dense buffer must hold at least seq*hg*k (src) or seq*h*k (dst) elements (by byte length;
+ * larger buffers are accepted, their first elements are used). A strided view (not dense) must be
+ * a [seq, hg, k] / [seq, h, k] operand ("Operands" (b): that shape exactly, last stride 1), and
+ * its strides are honoured: the bytes between its rows are not touched. src and dst must not
+ * overlap (dense buffers: their used bytes; with a strided view, element by element).
  *
  * Errors (INVALID_ARGUMENT, checked in this order): NULL stream/buffer/params; any of seq, hg, h, k
  * is 0; h not a multiple of hg; seq*hg*k or seq*h*k overflows; dtype mismatch; src or dst too
- * small; a buffer on another device; overlapping src and dst. DEVICE: launch failure (CUDA).
+ * small, or a strided view of another shape (src first); a buffer on another device; overlapping
+ * src and dst, or a dst whose elements overlap each other. DEVICE: launch failure (CUDA).
  * ---------------------------------------------------------------------------------------------- */
 
 typedef struct lmk_repeat_tiled_params {
@@ -550,8 +563,11 @@ LMK_API lmk_status lmk_repeat_heads(lmk_stream *s, const lmk_buffer *src, lmk_bu
  * the rope contract of the float64 chain (f32: 1e-5 * max(1, |ref|); bf16/f16: one ulp plus 1e-6;
  * f8: one f8 ulp) where the normed values stay within rope's domain (|x| <= 2 times the weight
  * factor |w + weight_offset|, which f32 represents without overflow).
- * Slots name distinct rows: two tokens of one call writing the same cache row leave that row holding
- * one of them, unspecified which (every other output stays deterministic). v_in has q_in's dtype.
+ * Slots should name distinct rows. Where several tokens of one call name the same row, the CPU
+ * backend leaves in it the whole row of the last of them (the highest token index), whatever the
+ * thread count; CUDA leaves its contents unspecified (it may mix elements of those tokens). Every
+ * other output is deterministic either way. A cache of 0 rows is valid: every slot misses it.
+ * v_in has q_in's dtype.
  * Hugging Face rounds the normed value to bf16 before its rope, so its bf16 output may differ from
  * lmk's by a few ulps.
  *
@@ -560,7 +576,8 @@ LMK_API lmk_status lmk_repeat_heads(lmk_stream *s, const lmk_buffer *src, lmk_bu
  * eps not finite or <= 0; weight_offset not finite; neither k_out nor k_cache; a cache without slots; v_in without v_cache
  * or v_cache without v_in; a weight not dense f32/bf16/f16 of exactly head_dim; slots not dense
  * i32/i64 of exactly T; k_scale or v_scale not finite or negative; a cache dtype other than the
- * input dtype or f8e4m3; a cache or v_in of the wrong shape; a buffer on another device; overlaps
+ * input dtype or f8e4m3; a cache or v_in of the wrong shape, or Dv above 2^32 - 1 (head_dim's
+ * range); a buffer on another device; overlaps
  * (every output against every other operand). UNSUPPORTED (CUDA): head_dim or Dv above 4096, or
  * more head rows per token than the kernel's grid takes (65535 groups of rows). DEVICE: launch
  * failure (CUDA).

@@ -20,9 +20,11 @@
  * Cases: the model shapes (Qwen3.5-27B, Qwen3.5-35B-A3B, Qwen3-8B, Llama-3.1-8B) over T in {1, 5,
  * 64, 4106} (LMK_TEST_QUICK: 300 for the longest) and f32/bf16/f16, with caches in the input dtype
  * or f8e4m3, i32/i64 slots with padding, dense, paged and combined caches, k_out only, cache only
- * or both; edge shapes and modes; the public bugs of other engines (SGLang #19636, #34446); the f8
- * cache quantised from the f32 result; every validation rule of lmk.h in its order, with its
- * message and no byte written. Names follow ggml's test-backend-ops (parameters, then "// model");
+ * or both; edge shapes and modes (GPT-NeoX's [T, H, 3, D] and [rows, Hk, 2, D] caches with 65
+ * and 128 heads); duplicate slots (the CPU keeps the last token's whole row); the public bugs of
+ * other engines (SGLang #19636, #34446); the f8 cache quantised from the f32 result; every
+ * validation rule of lmk.h in its order, with its message and no byte written, and a Dv past 32
+ * bits rejected. Names follow ggml's test-backend-ops (parameters, then "// model");
  * only failures print them, each group ends with one line.
  */
 #include "common.h"
@@ -34,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 #endif
@@ -474,6 +477,7 @@ static bool layout_ok(const ap_case *c, const lmk_attn_prologue_args *a, unsigne
 typedef struct vctx {
     const ap_case *c;
     unsigned char **got;
+    const bool *kept;       /* per token: no later token names its slot (its cache rows are the ones kept) */
     size_t n_checked, n_bad;
     char first[360];
 } vctx;
@@ -543,7 +547,7 @@ static void verify_token(vctx *v, const lmk_attn_prologue_args *a, size_t t, dou
         expect_row(v, Q_OUT, Q_IN, t, t, h, q64 + h * d, rot, 1.0);
     for (size_t h = 0; h < c->rope.n_k_heads && present(c, K_OUT); h++)
         expect_row(v, K_OUT, K_IN, t, t, h, k64 + h * d, rot, 1.0);
-    const long long slot = present(c, SLOTS) ? slot_of(c, t) : -1;
+    const long long slot = present(c, SLOTS) && v->kept[t] ? slot_of(c, t) : -1; /* a later token's row wins */
     const operand *kc = &c->op[K_CACHE], *vc = &c->op[V_CACHE];
     if (present(c, K_CACHE) && slot >= 0 && (unsigned long long)slot < kc->n[0]) {
         const double scale = kc->dt == LMK_F8E4M3 ? (c->k_scale == 0.0f ? 1.0 : (double)c->k_scale) : 1.0;
@@ -561,23 +565,53 @@ static void verify_token(vctx *v, const lmk_attn_prologue_args *a, size_t t, dou
     }
 }
 
+/* Token order of equal slots: by slot, then token. */
+static const ap_case *g_sort_case;
+
+static int by_slot(const void *x, const void *y)
+{
+    const size_t a = *(const size_t *)x, b = *(const size_t *)y;
+    const long long sa = slot_of(g_sort_case, a), sb = slot_of(g_sort_case, b);
+    return sa != sb ? (sa < sb ? -1 : 1) : (a > b) - (a < b);
+}
+
+/* kept[t]: no later token of the call names token t's slot, so the cache rows of that slot must
+ * hold token t's rows (lmk.h: with duplicate slots the last token's row is kept). */
+static bool slots_kept(const ap_case *c, bool *kept)
+{
+    const size_t T = c->rope.seq_len;
+    size_t *order = malloc(T * sizeof *order);
+    if (!order)
+        return false;
+    for (size_t t = 0; t < T; t++)
+        order[t] = t, kept[t] = true;
+    if (present(c, SLOTS)) {
+        g_sort_case = c;
+        qsort(order, T, sizeof *order, by_slot);
+        for (size_t i = 0; i + 1 < T; i++)
+            kept[order[i]] = slot_of(c, order[i]) != slot_of(c, order[i + 1]);
+    }
+    free(order);
+    return true;
+}
+
 /* Checks the regions got[] after a run of c against the reference args a (over the images):
  * every output element, then every other byte unchanged. */
 static bool verify(const ap_case *c, const lmk_attn_prologue_args *a, unsigned char **got, char *msg, size_t len)
 {
     const size_t d = c->rope.head_dim;
     double *q64 = malloc(c->rope.n_heads * d * sizeof *q64), *k64 = malloc(c->rope.n_k_heads * d * sizeof *k64);
-    bool *rot = malloc(d * sizeof *rot);
-    if (!q64 || !k64 || !rot) {
-        free(q64), free(k64), free(rot);
+    bool *rot = malloc(d * sizeof *rot), *kept = malloc(c->rope.seq_len * sizeof *kept);
+    if (!q64 || !k64 || !rot || !kept || !slots_kept(c, kept)) {
+        free(q64), free(k64), free(rot), free(kept);
         snprintf(msg, len, "out of host memory");
         return false;
     }
     rot_mask(&c->rope, rot);
-    vctx v = {.c = c, .got = got};
+    vctx v = {.c = c, .got = got, .kept = kept};
     for (size_t t = 0; t < c->rope.seq_len; t++)
         verify_token(&v, a, t, q64, k64, rot);
-    free(q64), free(k64), free(rot);
+    free(q64), free(k64), free(rot), free(kept);
     if (v.n_bad) {
         snprintf(msg, len, "%zu of %zu output elements wrong; first: %s", v.n_bad, v.n_checked, v.first);
         return false;
@@ -706,12 +740,13 @@ static bool run_case(const ap_case *c, const tst_dev *devs, int n_dev, uint64_t 
 
 /* ---- model shapes and the case builder ---- */
 
-enum { L_DENSE, L_QGATE, L_QKV };           /* q, k, v: dense, q in a [q | gate] projection, packed QKV */
+enum { L_DENSE, L_QGATE, L_QKV, L_NEOX };   /* q, k, v: dense, q in a [q | gate] projection, packed QKV,
+                                             * GPT-NeoX's [T, H, 3, D] (q, k, v of a head side by side) */
 enum { O_BOTH, O_CACHE, O_KOUT };           /* k to k_out and the cache, to the cache only, to k_out only */
-enum { C_DENSE, C_PAGED, C_COMBINED, C_PADDED };
-static const char *const k_layout_names[] = {"dense", "q|gate", "qkv"};
+enum { C_DENSE, C_PAGED, C_COMBINED, C_PADDED, C_HEADS };
+static const char *const k_layout_names[] = {"dense", "q|gate", "qkv", "neox[T,H,3,D]"};
 static const char *const k_out_names[] = {"k_out+cache", "cache", "k_out"};
-static const char *const k_cache_names[] = {"dense", "paged", "kv_combined", "padded"};
+static const char *const k_cache_names[] = {"dense", "paged", "kv_combined", "padded", "[rows,hk,2,D]"};
 
 typedef struct model {
     const char *name;
@@ -778,6 +813,17 @@ static void build_qkv(ap_case *c, const spec *s)
         op_strided(c, K_IN, r, hq * d, T, hk, d, row, d);
         if (v)
             op_strided(c, V_IN, r, (hq + hk) * d, T, hk, dv, row, dv);
+        op_same(c, Q_OUT, Q_IN);
+        if (s->outputs != O_CACHE)
+            op_same(c, K_OUT, K_IN);
+        return;
+    }
+    if (m->layout == L_NEOX) { /* [T, H, 3, D], hq == hk, dv == d; q and k rotated in place */
+        const int r = region_add(c, s->dt, T * hq * 3 * d, FILL_X);
+        op_strided(c, Q_IN, r, 0, T, hq, d, 3 * hq * d, 3 * d);
+        op_strided(c, K_IN, r, d, T, hk, d, 3 * hq * d, 3 * d);
+        if (v)
+            op_strided(c, V_IN, r, 2 * d, T, hk, d, 3 * hq * d, 3 * d);
         op_same(c, Q_OUT, Q_IN);
         if (s->outputs != O_CACHE)
             op_same(c, K_OUT, K_IN);
@@ -883,6 +929,13 @@ static void build_caches(ap_case *c, const spec *s, size_t rows)
         op_strided(c, K_CACHE, r, 0, rows, hk, d, 2 * hk * d, d);
         if (v)
             op_strided(c, V_CACHE, r, hk * d, rows, hk, d, 2 * hk * d, d);
+        break;
+    }
+    case C_HEADS: { /* one [rows, hk, 2, d] buffer: a head's k and v side by side (dv == d) */
+        const int r = region_add(c, cdt, rows * hk * 2 * d, FILL_POISON);
+        op_strided(c, K_CACHE, r, 0, rows, hk, d, 2 * hk * d, 2 * d);
+        if (v)
+            op_strided(c, V_CACHE, r, d, rows, hk, d, 2 * hk * d, 2 * d);
         break;
     }
     case C_PADDED: { /* heads and rows padded (aligned cache lines) */
@@ -1134,6 +1187,15 @@ static int edge_specs(spec *e)
     s.no_k_cache = true, s.m.layout = L_DENSE, s.k_norm_only = true, s.f8 = true, e[n++] = s;
     s = edge(M_Q3_8B, 1, LMK_BF16, "(a cache of one row)");
     s.extra_rows = 0, s.cache = C_COMBINED, e[n++] = s;
+    /* Interleaved layouts of more heads than operand.c once listed one by one (64): each was
+     * reported as an overlap. GPT-NeoX's [T, H, 3, D] with q and k in place, and caches whose
+     * head holds k and then v ([rows, Hk, 2, D]). */
+    s = edge(M_Q3_8B, 5, LMK_BF16, "(65 heads: GPT-NeoX [T, H, 3, D] in place, [rows, Hk, 2, D] cache)");
+    shape(&s, 65, 65, 32, 32, LMK_ROPE_NEOX, L_NEOX), s.cache = C_HEADS, s.outputs = O_BOTH, e[n++] = s;
+    s = edge(M_Q3_8B, 3, LMK_F32, "(128 heads: GPT-NeoX [T, H, 3, D] in place, [rows, Hk, 2, D] f8 cache)");
+    shape(&s, 128, 128, 16, 16, LMK_ROPE_NEOX, L_NEOX), s.cache = C_HEADS, s.f8 = true, e[n++] = s;
+    s = edge(M_Q3_8B, 4, LMK_F16, "(65 kv heads in a [rows, Hk, 2, D] cache)");
+    shape(&s, 8, 65, 32, 16, LMK_ROPE_NEOX, L_DENSE), s.cache = C_HEADS, e[n++] = s;
     /* CUDA's small-call fill reads weights in 16-byte units only where they are aligned to them */
     s = edge(M_Q35_27B, 1, LMK_BF16, "(norm weights not 16-byte aligned, decode)");
     s.w_off1 = true, e[n++] = s;
@@ -1272,6 +1334,81 @@ static void test_padding(const tst_dev *devs, int n_dev)
             case_free(&c);
         }
     group_line("padding slots (nothing cached, k_out written where given)", n, failed, n_dev, t0);
+}
+
+/* The CPU devices of devs (into cpus); a visible skip for the others, with why. */
+static int cpu_devs(const tst_dev *devs, int n_dev, tst_dev *cpus, const char *why_not_cuda)
+{
+    int n = 0;
+    for (int i = 0; i < n_dev; i++)
+        if (devs[i].backend == LMK_BACKEND_CPU)
+            cpus[n++] = devs[i];
+        else
+            SKIP("[%s] %s", devs[i].name, why_not_cuda);
+    return n;
+}
+
+/* Duplicate slots: the cache row holds the whole row of the last token naming it (lmk.h). Pairs
+ * of tokens with one slot where the CPU's contiguous split of 64 tokens among 2, 3, 4 or 5
+ * threads ends one share and starts the next (so that a split in which every token writes its
+ * row has the earlier token, the end of a share, write last, and two threads write one row at
+ * once), a pair inside one share, a slot named from three shares; then a call in which every slot
+ * is named by four tokens in shuffled order. With bf16 and f8 caches, a padding token among them.
+ * Last, distinct random rows of a cache larger than the CPU's hash of slots, some of which share
+ * a bucket without being equal. CPU devices only: on CUDA, lmk.h asks for distinct slots. */
+static void test_duplicate_slots(const tst_dev *devs, int n_dev)
+{
+    tst_dev cpus[TST_MAX_DEVS];
+    const int n_cpu = cpu_devs(devs, n_dev, cpus, "duplicate slots: lmk.h asks for distinct slots on CUDA");
+    static const struct {
+        uint32_t T;
+        lmk_dtype dt;
+        bool f8, fours;
+        const char *note;
+    } cs[] = {
+        {64, LMK_BF16, false, false, "(duplicate slots across the thread shares)"},
+        {64, LMK_F32, true, false, "(duplicate slots across the thread shares, f8 cache)"},
+        {64, LMK_F16, false, false, "(duplicate slots across the thread shares, i64 slots)"},
+        {512, LMK_BF16, false, true, "(every slot named by 4 tokens, shuffled)"},
+        {1024, LMK_BF16, false, false, "(distinct random rows of a 65536-row cache, padding)"},
+    };
+    static const uint32_t pairs[][2] = {{31, 32}, {20, 21}, {41, 42}, {15, 16}, {47, 48}, {11, 12}, {23, 24},
+                                        {35, 36}, {2, 5}, {0, 33}, {0, 60}};
+    const double t0 = tst_now();
+    int failed = 0, n = 0;
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        spec s = edge(M_Q3_8B, cs[i].T, cs[i].dt, cs[i].note);
+        s.padding = false, s.f8 = cs[i].f8, s.slot_dt = i == 2 ? LMK_I64 : LMK_I32;
+        const bool distinct = i == 4; /* slots that share hash buckets without being equal */
+        if (distinct) {
+            shape(&s, 8, 1, 16, 16, LMK_ROPE_NEOX, L_DENSE);
+            s.extra_rows = 65536 - s.T, s.padding = true;
+        }
+        const uint64_t seed = tst_case_seed();
+        uint64_t r = seed ^ 0x5107u;
+        ap_case c;
+        build_case(&c, &s, seed);
+        if (case_ok(&c)) {
+            unsigned char *sl = c.reg[c.op[SLOTS].reg].img;
+            if (cs[i].fours) { /* slot t / 4 for token t, shuffled */
+                for (size_t t = 0; t < s.T; t++)
+                    put_int(s.slot_dt, sl, t, (int64_t)(t / 4));
+                for (size_t t = s.T - 1; t > 0; t--) {
+                    const size_t j = rnd_below(&r, (uint32_t)t + 1);
+                    const int64_t a = (int64_t)get(s.slot_dt, sl, t), b = (int64_t)get(s.slot_dt, sl, j);
+                    put_int(s.slot_dt, sl, t, b), put_int(s.slot_dt, sl, j, a);
+                }
+            } else if (!distinct) {
+                for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++)
+                    put_int(s.slot_dt, sl, pairs[p][1], (int64_t)get(s.slot_dt, sl, pairs[p][0]));
+                put_int(s.slot_dt, sl, 7, -1);
+            }
+        }
+        n++;
+        failed += !run_case(&c, cpus, n_cpu, seed, true);
+        case_free(&c);
+    }
+    group_line("duplicate slots: the last token's whole row (CPU)", n, failed, n_cpu, t0);
 }
 
 /* The float64 rows of token t with args a: q (which 0) or k (1) into row. */
@@ -1673,6 +1810,74 @@ static void test_validation(const tst_dev *devs, int n_dev)
     group_line("validation: every rule in lmk.h's order", N_RULES, harness_failed > before, n_dev, t0);
 }
 
+/* v's head size Dv past 32 bits: [1, 1, 2^32 + 16] f16 v_in and v_cache (a lmk_attn_prologue_args
+ * field once kept Dv in 32 bits, so the call copied 16 elements a row and returned LMK_OK). The
+ * call must be rejected naming Dv before any byte is touched. The two 8 GiB buffers wrap address
+ * space reserved without memory (MAP_NORESERVE): validation never reads a buffer, and a call that
+ * ran would touch only the pages it copies, whose bytes are checked. CPU devices only (a CUDA
+ * buffer must be device memory). */
+static void test_huge_dv(const tst_dev *devs, int n_dev)
+{
+    tst_dev cpus[TST_MAX_DEVS];
+    const int n_cpu = cpu_devs(devs, n_dev, cpus, "Dv past 32 bits: host address space stands in for the buffers");
+    const size_t dv = ((size_t)1 << 32) + 16, bytes = dv * 2;
+    unsigned char *vin = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    unsigned char *vc = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (vin == MAP_FAILED || vc == MAP_FAILED) {
+        SKIP("Dv past 32 bits: cannot reserve 2 x %zu bytes of address space", bytes);
+        if (vin != MAP_FAILED)
+            munmap(vin, bytes);
+        if (vc != MAP_FAILED)
+            munmap(vc, bytes);
+        return;
+    }
+    memset(vin, 0x3C, 4096); /* f16 1.0: a copy would show in the cache's first page */
+    for (int i = 0; i < n_cpu; i++) {
+        lmk_device *dev = cpus[i].dev;
+        const size_t vshape[3] = {1, 1, dv}, qshape[3] = {1, 1, 16};
+        uint16_t q[16] = {0}, k[16] = {0}, qo[16], ko[16];
+        int32_t pos = 3, slot = 0;
+        memset(qo, 0xFF, sizeof qo), memset(ko, 0xFF, sizeof ko);
+        lmk_buffer *bq = NULL, *bk = NULL, *bqo = NULL, *bko = NULL, *bp = NULL, *bs = NULL, *bv = NULL, *bvc = NULL;
+        lmk_status st = lmk_buffer_wrap(dev, q, sizeof q, LMK_F16, qshape, 3, &bq);
+        if (st == LMK_OK)
+            st = lmk_buffer_wrap(dev, k, sizeof k, LMK_F16, qshape, 3, &bk);
+        if (st == LMK_OK)
+            st = lmk_buffer_wrap(dev, qo, sizeof qo, LMK_F16, qshape, 3, &bqo);
+        if (st == LMK_OK)
+            st = lmk_buffer_wrap(dev, ko, sizeof ko, LMK_F16, qshape, 3, &bko);
+        if (st == LMK_OK)
+            st = lmk_buffer_wrap(dev, &pos, sizeof pos, LMK_I32, NULL, 0, &bp);
+        if (st == LMK_OK)
+            st = lmk_buffer_wrap(dev, &slot, sizeof slot, LMK_I32, NULL, 0, &bs);
+        if (st == LMK_OK)
+            st = lmk_buffer_wrap(dev, vin, bytes, LMK_F16, vshape, 3, &bv);
+        if (st == LMK_OK)
+            st = lmk_buffer_wrap(dev, vc, bytes, LMK_F16, vshape, 3, &bvc);
+        if (TST_REQUIRE(st == LMK_OK, "[%s] Dv past 32 bits: buffers: %s", cpus[i].name, lmk_last_error())) {
+            const lmk_attn_prologue_io io = {.q_in = bq, .k_in = bk, .v_in = bv, .positions = bp, .slots = bs,
+                                             .q_out = bqo, .k_out = bko, .v_cache = bvc};
+            const lmk_rope_params rp = {.head_dim = 16, .rope_dim = 16, .n_heads = 1, .seq_len = 1,
+                                        .freq_base = 1e4f, .mode = LMK_ROPE_NEOX, .n_k_heads = 1};
+            const lmk_rms_norm_params np = {.eps = 1e-6f};
+            lmk_clear_error();
+            st = lmk_attn_prologue(cpus[i].stream, &io, &rp, &np);
+            lmk_stream_sync(cpus[i].stream);
+            const bool untouched = tst_find_not(vc, 0, 4096, 0) < 0 && tst_find_not(qo, 0, sizeof qo, 0xFF) < 0;
+            CHECK(st == LMK_ERR_INVALID_ARGUMENT && tst_msg_has("attn_prologue: ", "Dv", "4294967312", NULL) &&
+                      untouched,
+                  "[%s] v_in [1, 1, 2^32 + 16] f16: %s \"%s\" (want INVALID_ARGUMENT naming Dv 4294967312)%s",
+                  cpus[i].name, lmk_status_name(st), lmk_last_error(), untouched ? "" : "; the call wrote outputs");
+            memset(vc, 0, 4096);
+        }
+        lmk_buffer *all[] = {bq, bk, bqo, bko, bp, bs, bv, bvc};
+        for (size_t j = 0; j < sizeof all / sizeof all[0]; j++)
+            lmk_buffer_free(all[j]);
+    }
+    munmap(vin, bytes);
+    munmap(vc, bytes);
+}
+
 int main(void)
 {
     tst_program_seed();
@@ -1683,8 +1888,10 @@ int main(void)
     if (TST_REQUIRE(n_dev > 0 && st == LMK_OK && st2 == LMK_OK, "cannot open the devices: %s", lmk_last_error())) {
         test_reference_norm();
         test_validation(devs, n_dev);
+        test_huge_dv(devs, n_dev);
         test_f8_from_f32(devs, n_dev);
         test_padding(devs, n_dev);
+        test_duplicate_slots(devs, n_dev);
         test_public_bugs(devs, n_dev);
         test_edges(devs, n_dev);
         test_models(devs, n_dev);

@@ -8,7 +8,8 @@
  * of the Qwen3.5/3.6 models, edge shapes and every element size. Outputs are poisoned and followed
  * by guard bytes, often inside larger (pooled) buffers or views at unaligned offsets. Then every
  * validation rule of lmk.h (repeat_tiled), in its order, with the message it must give, and with no
- * output byte changed by a rejected call.
+ * output byte changed by a rejected call; strided views, whose strides are honoured (gaps between
+ * their rows keep their bytes).
  */
 #include "common.h"
 
@@ -392,6 +393,105 @@ static void test_overlap_and_devices(tst_dev *d)
     }
 }
 
+/* Strided views (lmk.h repeat_tiled): a [seq, hg, k] source and a [seq, h, k] output with gaps
+ * between heads and between tokens, inside larger parents. The output's elements get the tiled
+ * copy and no other byte of either parent changes (the 0.1 code copied densely over the span and
+ * overwrote the gaps); a source and an output interleaved in one parent, elements disjoint, are
+ * accepted too; a strided view of another shape is rejected naming it, with nothing written. */
+static void test_strided_views(tst_dev *d)
+{
+    const lmk_repeat_tiled_params p = {.seq = 3, .hg = 2, .h = 6, .k = 5};
+    const lmk_dtype t = LMK_U16;
+    const size_t es = 2;
+    const size_t s_head = 7, s_tok = 2 * 7 + 3, s_off = 1; /* src element (t, g, j) at s_off + t*s_tok + g*s_head + j */
+    const size_t d_head = 8, d_tok = 6 * 8 + 2, d_off = 2;
+    const size_t s_n = s_off + 3 * s_tok + 4, d_n = d_off + 3 * d_tok + 4;
+    const uint64_t seed = tst_case_seed();
+    tst_rng r = tst_rng_make(seed);
+    unsigned char *src = malloc(s_n * es), *want = malloc(d_n * es), *got = NULL, *got_src = NULL;
+    lmk_buffer *ps = NULL, *pd = NULL, *vs = NULL, *vd = NULL, *flat = NULL;
+    if (!TST_REQUIRE(src && want, "out of host memory"))
+        goto done;
+    fill_src(&r, src, s_n, es);
+    ps = tst_buf(d->dev, t, NULL, 0, s_n * es, 0, src, s_n * es, -1);
+    pd = tst_buf(d->dev, t, NULL, 0, d_n * es, 0, NULL, 0, TST_POISON);
+    const size_t s_shape[3] = {3, 2, 5}, s_str[3] = {s_tok, s_head, 1};
+    const size_t d_shape[3] = {3, 6, 5}, d_str[3] = {d_tok, d_head, 1};
+    if (!ps || !pd || !TST_REQUIRE(lmk_buffer_view_strided(ps, s_off * es, t, s_shape, s_str, 3, &vs) == LMK_OK &&
+                                       lmk_buffer_view_strided(pd, d_off * es, t, d_shape, d_str, 3, &vd) == LMK_OK,
+                                   "strided views: %s", lmk_last_error()))
+        goto done;
+    tst_poison(want, d_n * es, TST_POISON);
+    for (size_t tt = 0; tt < p.seq; tt++)
+        for (size_t h = 0; h < p.h; h++)
+            memcpy(want + (d_off + tt * d_tok + h * d_head) * es, src + (s_off + tt * s_tok + h % p.hg * s_head) * es,
+                   p.k * es);
+    lmk_clear_error();
+    lmk_status st = lmk_repeat_tiled(d->stream, vs, vd, &p);
+    if (st == LMK_OK)
+        st = lmk_stream_sync(d->stream);
+    got = tst_read_all(pd);
+    got_src = tst_read_all(ps);
+    const long long diff = got ? tst_bits_diff(got, want, d_n * es) : 0;
+    CHECK(st == LMK_OK && got && diff < 0 && got_src && memcmp(got_src, src, s_n * es) == 0,
+          "[%s] repeat_tiled with strided src and dst (gaps between heads and tokens) seed 0x%016" PRIx64
+          ": %s \"%s\"; first wrong byte of the output's parent %lld (element %lld: %s)%s",
+          d->name, seed, lmk_status_name(st), lmk_last_error(), diff, diff >= 0 ? diff / (long long)es - (long long)d_off : -1,
+          diff >= 0 && got && got[diff] != TST_POISON && want[diff] == TST_POISON ? "a gap byte was written" : "wrong value",
+          got_src && memcmp(got_src, src, s_n * es) != 0 ? "; the source changed" : "");
+
+    /* The source's k rows interleaved with the output's in one parent: [seq][h + hg][k] rows, the
+     * source the last hg heads of each token. Elements disjoint: accepted, gaps untouched. */
+    {
+        const size_t row = (p.h + p.hg) * p.k, n = p.seq * row;
+        lmk_buffer *par = tst_buf(d->dev, t, NULL, 0, n * es, 0, NULL, 0, TST_POISON), *a = NULL, *b = NULL;
+        unsigned char *img = malloc(n * es), *exp = malloc(n * es);
+        const size_t as[3] = {3, 2, 5}, ast[3] = {row, p.k, 1}, bs[3] = {3, 6, 5}, bst[3] = {row, p.k, 1};
+        if (par && img && exp && TST_REQUIRE(lmk_buffer_view_strided(par, p.h * p.k * es, t, as, ast, 3, &a) == LMK_OK &&
+                                                 lmk_buffer_view_strided(par, 0, t, bs, bst, 3, &b) == LMK_OK,
+                                             "interleaved views: %s", lmk_last_error())) {
+            fill_src(&r, img, n, es);
+            memcpy(exp, img, n * es);
+            for (size_t tt = 0; tt < p.seq; tt++)
+                for (size_t h = 0; h < p.h; h++)
+                    memcpy(exp + (tt * row + h * p.k) * es, img + (tt * row + (p.h + h % p.hg) * p.k) * es, p.k * es);
+            st = lmk_buffer_write(par, 0, img, n * es);
+            if (st == LMK_OK)
+                st = lmk_repeat_tiled(d->stream, a, b, &p);
+            if (st == LMK_OK)
+                st = lmk_stream_sync(d->stream);
+            unsigned char *g = tst_read_all(par);
+            CHECK(st == LMK_OK && g && memcmp(g, exp, n * es) == 0,
+                  "[%s] repeat_tiled: src heads after dst heads in one [seq, h + hg, k] parent: %s \"%s\"%s", d->name,
+                  lmk_status_name(st), lmk_last_error(), st == LMK_OK ? "; wrong bytes" : "");
+            free(g);
+        }
+        lmk_buffer_free(a);
+        lmk_buffer_free(b);
+        lmk_buffer_free(par);
+        free(img);
+        free(exp);
+    }
+
+    /* A strided view that is not [seq, h, k] (1-D, every other element) is rejected. */
+    const size_t f_shape[1] = {p.seq * p.h * p.k}, f_str[1] = {2};
+    lmk_buffer_free(pd);
+    pd = tst_buf(d->dev, t, NULL, 0, 2 * f_shape[0] * es, 0, NULL, 0, TST_POISON);
+    if (pd && TST_REQUIRE(lmk_buffer_view_strided(pd, 0, t, f_shape, f_str, 1, &flat) == LMK_OK, "1-D view: %s",
+                          lmk_last_error()))
+        expect_reject(d, "dst a 1-D strided view", vs, flat, &p, "dst", "[3, 6, 5]");
+done:
+    lmk_buffer_free(flat);
+    lmk_buffer_free(vs);
+    lmk_buffer_free(vd);
+    lmk_buffer_free(ps);
+    lmk_buffer_free(pd);
+    free(src);
+    free(want);
+    free(got);
+    free(got_src);
+}
+
 /* T*H*K past 2^32 elements (64-bit indexing), checked at sampled windows: only where it is cheap
  * (a GPU with memory to spare), never on the CPU. */
 static void test_huge(tst_dev *d)
@@ -494,6 +594,7 @@ int main(void)
         test_edge_shapes(&devs[i]);
         test_validation(&devs[i]);
         test_overlap_and_devices(&devs[i]);
+        test_strided_views(&devs[i]);
         test_huge(&devs[i]);
     }
     tst_devs_close(devs, n);

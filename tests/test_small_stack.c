@@ -7,7 +7,8 @@
  * 32-64 KiB; the 0.1 rope kept a 25 KB table on that stack and crashed on a 32 KiB one.
  *
  * Each op call below (rope q+k in f32 and bf16 on a Qwen3.5 shape and a rope_dim 256 shape,
- * repeat_tiled, attn_prologue on two cases of its table, and a rejected rope call, whose message
+ * repeat_tiled, attn_prologue on three cases of its table (Qwen3-8B, Qwen3.5 with an f8 cache, and
+ * bf16 rows of 32 elements: other build steps at -O0), and a rejected rope call, whose message
  * is formatted on the same stack) runs on 1-thread and 2-thread streams, twice:
  *  1. on a fresh thread whose 256 KiB stack is painted with a byte pattern: the deepest byte
  *     changed below the calling frame is the call's stack use, which must be <= the bound;
@@ -367,7 +368,8 @@ static int make_jobs(op_job *jobs, lmk_device *dev, tst_rng *rng)
                 return n;
     if (!make_repeat(&jobs[n++], dev, rng, LMK_F32))
         return n;
-    if (!make_inst(&jobs[n++], dev, "Qwen3-8B", 37) || !make_inst(&jobs[n++], dev, "Qwen3.5/3.6-27B, f8 cache", 37))
+    if (!make_inst(&jobs[n++], dev, "Qwen3-8B", 37) || !make_inst(&jobs[n++], dev, "Qwen3.5/3.6-27B, f8 cache", 37) ||
+        !make_inst(&jobs[n++], dev, "edge: head_dim 32", 37))
         return n;
     op_job *bad = &jobs[n++]; /* as the first rope job, with freq_base NaN (rule R5) */
     if (!make_rope(bad, dev, rng, &shapes[0], LMK_F32))
@@ -393,7 +395,7 @@ int main(void)
         if (!TST_REQUIRE(lmk_device_set_threads(dev, nt) == LMK_OK && lmk_stream_create(dev, &s) == LMK_OK,
                          "stream with %d threads: %s", nt, lmk_last_error()))
             break;
-        op_job jobs[10];
+        op_job jobs[12];
         memset(jobs, 0, sizeof jobs);
         const int n = make_jobs(jobs, dev, &rng);
         for (int i = 0; i < n && alive; i++) {

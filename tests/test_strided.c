@@ -7,12 +7,15 @@
  *     ndim 0 or > LMK_MAX_DIMS and NULL shape/strides are rejected with a message and create no
  *     handle; is_contiguous ignores the strides of length-1 axes; a dense-strided view is
  *     contiguous (and an op takes it as a dense operand); views of a NULL-wrapped empty buffer
- *     (computing NULL + 0 there was undefined behaviour, caught by `make test-sanitize`).
+ *     (computing NULL + 0 there was undefined behaviour, caught by `make test-sanitize`); empty
+ *     buffers (an axis of 0) whatever their other axes and strides, and every op given them.
  *  2. The overlap rule through lmk_rope (NEOX and IMROPE, q only and q+k): q and k rotated in place
  *     inside one packed QKV buffer [T, (Hq + 2 Hk) * D] are accepted and match the float64 reference
  *     (tst_rope_check) while v's bytes stay as they were; q of a Qwen3.5 [q | gate] projection
  *     (head stride 2D) likewise, gate untouched; real overlaps are rejected naming both operands,
  *     with no byte written.
+ *     The rule itself against a byte-by-byte count on random layouts, and GPT-NeoX's [T, H, 3, D]
+ *     with 65 and 128 heads (once reported as overlapping past 64 heads).
  *  3. Three public bugs as regression cases: vLLM #16658 (a kernel ignored the query's token
  *     stride: rows with poisoned gaps must come out right, gaps still poisoned), SGLang #20559 (q
  *     and k with different head strides), vLLM #52415 (overlapping stores: an output whose rows
@@ -241,6 +244,121 @@ static void test_null_wrapped(tst_dev *d)
     lmk_buffer_free(empty);
 }
 
+/* Buffers with no elements (lmk.h: a view's byte length is 0 when an axis is 0). Whatever the
+ * other axes and strides, an empty view spans 0 bytes, counts 0 elements and is contiguous (it has
+ * no element out of order); a dense view of a shape with a 0 axis holds 0 bytes whatever the other
+ * axes. Every op rejects an empty operand where its shape asks for elements, naming it and writing
+ * nothing, and lmk_attn_prologue takes caches of 0 rows (strided, dense or a NULL wrap) as caches
+ * that every slot misses: the call succeeds and writes q_out and k_out only. */
+/* A call given an empty operand: INVALID_ARGUMENT with a message naming the op and the operand. */
+static void empty_rejected(const tst_dev *d, const char *what, const char *op, const char *operand, lmk_status st)
+{
+    CHECK(st == LMK_ERR_INVALID_ARGUMENT && tst_msg_has(op, operand, NULL),
+          "[%s] %s with %s as %s: %s \"%s\" (want INVALID_ARGUMENT naming %s)", d->name, op, what, operand,
+          lmk_status_name(st), lmk_last_error(), operand);
+}
+
+static void test_empty(tst_dev *d)
+{
+    lmk_buffer *parent = tst_buf(d->dev, LMK_U8, NULL, 0, 4096, 0, NULL, 0, TST_POISON);
+    if (!parent)
+        return;
+    static const struct {
+        int ndim;
+        size_t shape[3], strides[3];
+        const char *what;
+    } cs[] = {
+        {3, {0, 2, 16}, {100, 40, 1}, "[0, 2, 16] strides [100, 40, 1]"},
+        {3, {2, 0, 16}, {100, 40, 1}, "[2, 0, 16] strides [100, 40, 1]"},
+        {3, {2, 2, 0}, {100, 40, 3}, "[2, 2, 0] strides [100, 40, 3]"},
+        {3, {0, 4, 5}, {1, 5, 2}, "[0, 4, 5] strides [1, 5, 2]"},
+        {2, {0, SIZE_MAX}, {1, 2}, "[0, 2^64 - 1] strides [1, 2] (the span of axis 1 alone would overflow)"},
+        {2, {SIZE_MAX / 2, 0}, {4, 1}, "[2^63 - 1, 0] strides [4, 1]"},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        char what[400];
+        snprintf(what, sizeof what, "[%s] an empty view %s", d->name, cs[i].what);
+        lmk_buffer *v = view_ok(what, parent, 4096, LMK_BF16, cs[i].shape, cs[i].strides, cs[i].ndim);
+        CHECK(v && lmk_buffer_byte_len(v) == 0 && lmk_buffer_element_count(v) == 0 && lmk_buffer_is_contiguous(v) == 1,
+              "%s: byte_len %zu, count %zu, contiguous %d (want 0, 0, 1)", what, v ? lmk_buffer_byte_len(v) : 0,
+              v ? lmk_buffer_element_count(v) : 0, v ? lmk_buffer_is_contiguous(v) : -1);
+        lmk_buffer_free(v);
+    }
+    const size_t big0[3] = {SIZE_MAX, 2, 0};
+    lmk_buffer *dv = NULL;
+    lmk_status st = lmk_buffer_view(parent, 0, LMK_F32, big0, 3, &dv);
+    CHECK(st == LMK_OK && lmk_buffer_byte_len(dv) == 0 && lmk_buffer_element_count(dv) == 0,
+          "[%s] a dense view [2^64 - 1, 2, 0] (0 bytes): %s \"%s\"", d->name, lmk_status_name(st), lmk_last_error());
+    lmk_buffer_free(dv);
+
+    /* The ops: an empty strided view and an empty dense buffer where an operand must hold elements. */
+    const size_t e_shape[3] = {0, 2, 16}, e_str[3] = {100, 40, 1};
+    lmk_buffer *ev = NULL, *ed = NULL, *en = NULL;
+    const size_t shape3[3] = {2, 2, 16};
+    lmk_buffer *x = tst_buf(d->dev, LMK_BF16, shape3, 3, 128, 0, NULL, 0, 0x3F);
+    lmk_buffer *y = tst_buf(d->dev, LMK_BF16, shape3, 3, 128, 0, NULL, 0, TST_POISON);
+    lmk_buffer *y2 = tst_buf(d->dev, LMK_BF16, shape3, 3, 128, 0, NULL, 0, TST_POISON);
+    const int32_t pos_h[2] = {3, 4}, slots_h[2] = {0, 1};
+    lmk_buffer *pos = tst_buf(d->dev, LMK_I32, NULL, 0, 8, 0, pos_h, 8, -1);
+    lmk_buffer *slots = tst_buf(d->dev, LMK_I32, NULL, 0, 8, 0, slots_h, 8, -1);
+    if (!x || !y || !y2 || !pos || !slots ||
+        !TST_REQUIRE(lmk_buffer_view_strided(parent, 64, LMK_BF16, e_shape, e_str, 3, &ev) == LMK_OK &&
+                         lmk_buffer_alloc(d->dev, 0, LMK_BF16, NULL, 0, &ed) == LMK_OK &&
+                         lmk_buffer_wrap(d->dev, NULL, 0, LMK_BF16, NULL, 0, &en) == LMK_OK,
+                     "[%s] empty buffers: %s", d->name, lmk_last_error()))
+        goto done;
+    const lmk_buffer *empties[3] = {ev, ed, en};
+    static const char *const enames[3] = {"an empty strided view", "a 0-byte buffer", "a NULL-wrapped empty buffer"};
+    const lmk_rope_params rp = {.head_dim = 16, .rope_dim = 16, .n_heads = 2, .seq_len = 2, .freq_base = 1e4f,
+                                .mode = LMK_ROPE_NEOX, .n_k_heads = 2};
+    const lmk_rope_multi_params mp = {.head_dim = 16, .rope_dim = 16, .n_heads = 2, .seq_len = 2, .freq_base = 1e4f,
+                                      .mode = LMK_ROPE_MROPE, .sections = {3, 3, 2, 0}};
+    const lmk_rms_norm_params np = {.eps = 1e-6f};
+    const lmk_repeat_heads_params hp = {2, 2, 2, 16, LMK_REPEAT_TILED};
+    const lmk_repeat_tiled_params tp = {2, 2, 2, 16};
+    for (int e = 0; e < 3; e++) {
+        lmk_buffer *E = (lmk_buffer *)(uintptr_t)empties[e];
+        const lmk_attn_prologue_io io = {.q_in = x, .k_in = E, .positions = pos, .q_out = y, .k_out = y2};
+        empty_rejected(d, enames[e], "repeat_tiled", "src", lmk_repeat_tiled(d->stream, E, y, &tp));
+        empty_rejected(d, enames[e], "repeat_tiled", "dst", lmk_repeat_tiled(d->stream, x, E, &tp));
+        empty_rejected(d, enames[e], "repeat_heads", "src", lmk_repeat_heads(d->stream, E, y, &hp));
+        empty_rejected(d, enames[e], "repeat_heads", "dst", lmk_repeat_heads(d->stream, x, E, &hp));
+        empty_rejected(d, enames[e], "rope", "q_in", lmk_rope(d->stream, E, NULL, pos, NULL, y, NULL, &rp));
+        empty_rejected(d, enames[e], "rope", "q_out", lmk_rope(d->stream, x, NULL, pos, NULL, E, NULL, &rp));
+        empty_rejected(d, enames[e], "rope_multi", "input", lmk_rope_multi(d->stream, E, y, pos, &mp));
+        empty_rejected(d, enames[e], "attn_prologue", "k_in", lmk_attn_prologue(d->stream, &io, &rp, &np));
+        lmk_stream_sync(d->stream);
+        unsigned char *gy = tst_read_all(y), *gy2 = tst_read_all(y2), *gp = tst_read_all(parent);
+        CHECK(gy && gy2 && gp && tst_find_not(gy, 0, 128, TST_POISON) < 0 && tst_find_not(gy2, 0, 128, TST_POISON) < 0 &&
+                  tst_find_not(gp, 0, 4096, TST_POISON) < 0,
+              "[%s] rejected calls with %s wrote bytes", d->name, enames[e]);
+        free(gy), free(gy2), free(gp);
+
+        /* Caches of 0 rows: every slot misses; q_out and k_out are written. */
+        const lmk_attn_prologue_io cio = {.q_in = x, .k_in = x, .v_in = x, .positions = pos, .slots = slots,
+                                          .q_out = y, .k_out = y2, .k_cache = E, .v_cache = E};
+        lmk_clear_error();
+        st = lmk_attn_prologue(d->stream, &cio, &rp, &np);
+        if (st == LMK_OK)
+            st = lmk_stream_sync(d->stream);
+        gy = tst_read_all(y), gy2 = tst_read_all(y2), gp = tst_read_all(parent);
+        CHECK(st == LMK_OK && gy && gy2 && gp && tst_count_unwritten(gy, 64, 2, TST_POISON) == 0 &&
+                  tst_count_unwritten(gy2, 64, 2, TST_POISON) == 0 && tst_find_not(gp, 0, 4096, TST_POISON) < 0,
+              "[%s] attn_prologue with caches of 0 rows (%s): %s \"%s\"", d->name, enames[e], lmk_status_name(st),
+              lmk_last_error());
+        free(gy), free(gy2), free(gp);
+        lmk_buffer_free(y), lmk_buffer_free(y2);
+        y = tst_buf(d->dev, LMK_BF16, shape3, 3, 128, 0, NULL, 0, TST_POISON);
+        y2 = tst_buf(d->dev, LMK_BF16, shape3, 3, 128, 0, NULL, 0, TST_POISON);
+        if (!y || !y2)
+            break;
+    }
+done:
+    lmk_buffer_free(ev), lmk_buffer_free(ed), lmk_buffer_free(en);
+    lmk_buffer_free(x), lmk_buffer_free(y), lmk_buffer_free(y2), lmk_buffer_free(pos), lmk_buffer_free(slots);
+    lmk_buffer_free(parent);
+}
+
 static void test_buffer_api(tst_dev *d)
 {
     lmk_buffer *parent = tst_buf(d->dev, LMK_U8, NULL, 0, 4096, 0, NULL, 0, 0);
@@ -251,6 +369,7 @@ static void test_buffer_api(tst_dev *d)
     test_contiguous(d, parent);
     lmk_buffer_free(parent);
     test_null_wrapped(d);
+    test_empty(d);
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -534,6 +653,84 @@ static void run_layout(tst_dev *d, const lay_case *c)
 }
 
 /* ------------------------------------------------------------------------------------------------
+ * 2. the overlap rule itself, against a byte-by-byte count
+ * ---------------------------------------------------------------------------------------------- */
+
+/* Marks the bytes of t's elements (relative to base) in mask; t lies inside mask's n bytes. */
+static void mark_t3(unsigned char *mask, const unsigned char *base, const lmk_tensor3 *t, unsigned char bit)
+{
+    for (size_t a = 0; a < t->n[0]; a++)
+        for (size_t h = 0; h < t->n[1]; h++)
+            for (size_t i = 0; i < t->n[2] * t->es; i++)
+                mask[(size_t)(t->data - base) + (a * t->stride[0] + h * t->stride[1]) * t->es + i] |= bit;
+}
+
+/* lmk_tensor3_overlap on random token-major layouts of two tensors in one buffer, against the
+ * bytes their elements cover: never false where they share a byte (lmk.h: conservative, never
+ * wrong), and exact for the layouts engines use: one token stride, every head inside it, the two
+ * tensors starting within one token stride of each other with equal token counts (side by side in
+ * one row, or interleaved head by head as GPT-NeoX's [T, H, 3, D] and [rows, Hk, 2, D] caches),
+ * with one head stride or two, up to 200 heads each (operand.c once merged more than 64 heads
+ * into one interval and reported disjoint interleaved tensors as overlapping). */
+static void test_overlap_exact(void)
+{
+    const uint64_t seed = tst_case_seed();
+    tst_rng r = tst_rng_make(seed);
+    enum { N = 1 << 16 };
+    unsigned char *mask = malloc(N), *base = malloc(N);
+    if (!TST_REQUIRE(mask && base, "out of host memory")) {
+        free(mask), free(base);
+        return;
+    }
+    size_t wrong = 0, inexact = 0, n_exact = 0, n_overlap = 0;
+    char first[320] = "";
+    for (int it = 0; it < 20000; it++) {
+        const size_t es = (size_t)1 << tst_rng_below(&r, 3);
+        const bool same_hs = tst_rng_below(&r, 4) != 0;
+        const size_t ha = 1 + tst_rng_below(&r, it % 3 ? 8 : 200), hb = 1 + tst_rng_below(&r, it % 3 ? 8 : 200);
+        const size_t da = 1 + tst_rng_below(&r, 12), db = 1 + tst_rng_below(&r, 12);
+        const size_t hs_a = da + tst_rng_below(&r, 3 * db + 3);
+        const size_t hs_b = same_hs ? hs_a : db + tst_rng_below(&r, 3 * da + 3);
+        const size_t fa = (ha - 1) * hs_a + da, fb = (hb - 1) * hs_b + db; /* per-token footprints */
+        const size_t period = (fa > fb ? fa : fb) + tst_rng_below(&r, 16);
+        const size_t T = 1 + tst_rng_below(&r, 4), tb = tst_rng_below(&r, 4) ? T : 1 + tst_rng_below(&r, 4);
+        const size_t span = ((T > tb ? T : tb) + 1) * period; /* both start inside the first period */
+        if (span * es > N)
+            continue;
+        const size_t off_a = tst_rng_below(&r, (uint32_t)period), off_b = tst_rng_below(&r, (uint32_t)period);
+        lmk_tensor3 a = {.data = base + off_a * es, .n = {T, ha, da}, .stride = {period, hs_a, 1}, .es = es};
+        lmk_tensor3 b = {.data = base + off_b * es, .n = {tb, hb, db}, .stride = {period, hs_b, 1}, .es = es};
+        memset(mask, 0, span * es);
+        mark_t3(mask, base, &a, 1);
+        mark_t3(mask, base, &b, 2);
+        bool meet = false;
+        for (size_t i = 0; i < span * es && !meet; i++)
+            meet = mask[i] == 3;
+        const bool got = lmk_tensor3_overlap(&a, &b), got2 = lmk_tensor3_overlap(&b, &a);
+        const bool exact_class = tb == T && T >= 2;
+        n_overlap += meet;
+        n_exact += exact_class;
+        if ((meet && (!got || !got2)) || (exact_class && (got != meet || got2 != meet))) {
+            if (meet && (!got || !got2))
+                wrong++;
+            else
+                inexact++;
+            if (!first[0])
+                snprintf(first, sizeof first,
+                         "a: at %zu [%zu, %zu, %zu] strides [%zu, %zu, 1], b: at %zu [%zu, %zu, %zu] strides [%zu, %zu, "
+                         "1], %zu-byte elements: bytes %s, overlap(a, b) %d, overlap(b, a) %d",
+                         off_a, T, ha, da, period, hs_a, off_b, tb, hb, db, period, hs_b, es,
+                         meet ? "shared" : "disjoint", got, got2);
+        }
+    }
+    CHECK(wrong == 0 && inexact == 0 && n_exact > 1000 && n_overlap > 100,
+          "lmk_tensor3_overlap seed 0x%016" PRIx64 ": %zu layouts reported disjoint although they share a byte, %zu "
+          "layouts of the exact class answered wrongly (%zu in that class, %zu overlapping); first: %s",
+          seed, wrong, inexact, n_exact, n_overlap, first);
+    free(mask), free(base);
+}
+
+/* ------------------------------------------------------------------------------------------------
  * 2. the layouts
  * ---------------------------------------------------------------------------------------------- */
 
@@ -624,6 +821,34 @@ static void dense_baseline(tst_dev *d, lmk_dtype dt)
         run_layout(d, &cs[i]);
 }
 
+/* GPT-NeoX's fused QKV [T, H, 3, D]: q, k and v of a head side by side, q and k rotated in place,
+ * v untouched. With 8, 65 and 128 heads: operand.c once listed at most 64 heads one by one and
+ * merged the rest into one interval, so the disjoint q and k of 65 heads were reported as an
+ * overlap. A k_out moved one element back onto the last element of q's heads overlaps. */
+static void neox_layouts(tst_dev *d, lmk_rope_mode mode, lmk_dtype dt)
+{
+    static const uint32_t heads[] = {8, 65, 128};
+    const uint32_t T = 3, D = 32;
+    for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
+        const uint32_t H = heads[i];
+        const size_t row = 3 * (size_t)H * D;
+        const lmk_rope_params p = {.head_dim = D, .rope_dim = D, .n_heads = H, .seq_len = T, .freq_base = 1e4f,
+                                   .mode = mode, .sections = {6, 5, 5, 0}, .n_k_heads = H};
+        const opnd q = {0, 0, row, 3 * D}, k = {0, D, row, 3 * D}, k_back = {1, D - 1, row, 3 * D};
+        const opnd k_dense = {1, 0, (size_t)H * D, D};
+        const lay_case cs[] = {
+            {"GPT-NeoX [T, H, 3, D], q and k in place (v untouched)", p, dt, {T * row}, q, q, k, k, -1, 0, false, NULL,
+             NULL},
+            {"GPT-NeoX [T, H, 3, D]: q in place, k -> k_out one element back onto q's heads", p, dt,
+             {T * row, T * row}, q, q, (opnd){1, D, row, 3 * D}, k_back, -1, 0, false, "k_out", "overlaps"},
+            {"GPT-NeoX [T, H, 3, D]: q in place, k_out inside q_in's rows", p, dt, {T * row, T * (size_t)H * D},
+             q, q, k_dense, (opnd){0, D - 1, row, 3 * D}, -1, 0, false, "q_out overlaps k_out", NULL},
+        };
+        for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++)
+            run_layout(d, &cs[c]);
+    }
+}
+
 /* Real overlaps, each rejected naming both operands (one for an output overlapping itself), with
  * no byte of any buffer written. A small packed QKV row: 4 q heads, 2 k, 2 v, D = 16. */
 static void rejected_layouts(tst_dev *d, lmk_rope_mode mode, lmk_dtype dt)
@@ -674,6 +899,7 @@ int main(void)
     const double t0 = tst_now();
     tst_dev devs[TST_MAX_DEVS];
     const int n = tst_devs_open_isas(devs);
+    test_overlap_exact();
     static const lmk_rope_mode modes[2] = {LMK_ROPE_NEOX, LMK_ROPE_IMROPE};
     static const lmk_dtype dtypes[2] = {LMK_F32, LMK_BF16};
     for (int i = 0; i < n; i++) {
@@ -685,6 +911,7 @@ int main(void)
             dense_baseline(d, dtypes[t]);
             for (int m = 0; m < 2; m++) {
                 accepted_layouts(d, modes[m], dtypes[t], 7);
+                neox_layouts(d, modes[m], dtypes[t]);
                 if (!d->isa_variant)
                     rejected_layouts(d, modes[m], dtypes[t]);
             }

@@ -31,10 +31,16 @@ static lmk_status set_shape(lmk_buffer *b, const char *fn, size_t byte_len, lmk_
         b->element_count = b->shape[0];
         return LMK_OK;
     }
+    /* A shape with an axis of 0 holds no element, whatever its other axes: its byte size is 0. */
     size_t count = 1, bytes;
+    bool empty = false;
     for (int i = 0; i < ndim; i++)
+        empty = empty || shape[i] == 0;
+    for (int i = 0; i < ndim && !empty; i++)
         if (lmk_mul_overflows(count, shape[i], &count))
             return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: shape element count overflows size_t", fn);
+    if (empty)
+        count = 0;
     if (lmk_mul_overflows(count, esize, &bytes))
         return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: shape byte size overflows size_t", fn);
     if (bytes > byte_len)
@@ -46,7 +52,8 @@ static lmk_status set_shape(lmk_buffer *b, const char *fn, size_t byte_len, lmk_
     size_t stride = 1;
     for (int i = ndim - 1; i >= 0; i--) {
         b->stride[i] = stride;
-        stride *= shape[i]; /* cannot overflow: the product of all of them did not */
+        stride *= shape[i]; /* cannot overflow: the product of all of them did not (or one is 0, and
+                             * stride stays 0 from it on) */
     }
     b->element_count = count;
     return LMK_OK;
@@ -160,15 +167,21 @@ lmk_status lmk_buffer_view_strided(const lmk_buffer *parent, size_t byte_offset,
     if (((uintptr_t)parent->data + byte_offset) % es)
         return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: byte_offset %zu is not aligned to the %s size (%zu)", fn,
                         byte_offset, lmk_dtype_name(dtype), es);
-    /* count = product of the shape; last = offset of the furthest element, in elements. */
+    /* count = product of the shape; last = offset of the furthest element, in elements. A view
+     * with an axis of 0 has no element: count 0, span 0, whatever the other axes and strides. */
     size_t count = 1, last = 0, term;
-    for (int i = 0; i < ndim; i++) {
+    bool empty = false;
+    for (int i = 0; i < ndim; i++)
+        empty = empty || shape[i] == 0;
+    for (int i = 0; i < ndim && !empty; i++) {
         if (lmk_mul_overflows(count, shape[i], &count))
             return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: shape element count overflows size_t", fn);
-        if (shape[i] && (lmk_mul_overflows(shape[i] - 1, strides[i], &term) || __builtin_add_overflow(last, term, &last)))
+        if (lmk_mul_overflows(shape[i] - 1, strides[i], &term) || __builtin_add_overflow(last, term, &last))
             return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: the span of axis %d (%zu elements, stride %zu) overflows",
                             fn, i, shape[i], strides[i]);
     }
+    if (empty)
+        count = 0;
     size_t span = 0;
     if (count && (__builtin_add_overflow(last, 1, &span) || lmk_mul_overflows(span, es, &span)))
         return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: the view's byte span overflows size_t", fn);
@@ -245,10 +258,10 @@ int lmk_buffer_is_contiguous(const lmk_buffer *buf)
 {
     if (!buf)
         return 0;
+    if (buf->element_count == 0)
+        return 1; /* no element: none is out of place, whatever the strides */
     size_t want = 1;
     for (int i = buf->ndim - 1; i >= 0; i--) {
-        if (buf->shape[i] == 0)
-            return 1; /* no elements: trivially dense */
         if (buf->shape[i] != 1 && buf->stride[i] != want)
             return 0;
         want *= buf->shape[i];

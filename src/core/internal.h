@@ -156,9 +156,11 @@ lmk_tensor3 lmk_operand_flat(const lmk_buffer *b);
 bool lmk_tensor3_same(const lmk_tensor3 *a, const lmk_tensor3 *b);
 /* Whether two elements of t share a byte (stride 0 on a long axis, or a self-overlapping layout). */
 bool lmk_tensor3_self_overlaps(const lmk_tensor3 *t);
-/* Whether a and b may share a byte. Exact for the layouts engines use (tensors side by side in
- * one row, as q, k and v in a packed QKV projection, or q in a [q | gate] projection); for others
- * it may answer true for disjoint tensors (conservative), never false for overlapping ones. */
+/* Whether a and b may share a byte. Exact for the layouts engines use (token-major with one token
+ * stride, each token's heads inside it: tensors side by side in one row, as q, k and v in a
+ * packed QKV projection or q in a [q | gate] projection, or interleaved head by head, as
+ * GPT-NeoX's [T, H, 3, D]), whatever the number of heads; for others it may answer true for
+ * disjoint tensors (conservative), never false for overlapping ones. */
 bool lmk_tensor3_overlap(const lmk_tensor3 *a, const lmk_tensor3 *b);
 /* Checks the outputs of an op against every operand (lmk.h "Operands"): each output is distinct
  * in its own elements, and shares no byte with any other operand except that it may equal its own

@@ -8,9 +8,12 @@
  *  - disjoint extents: no overlap;
  *  - otherwise, when both tensors are token-major with the same token stride (every row of one
  *    token sits inside one token stride, as for tensors side by side in one projection or cache
- *    row), each tensor's per-token footprint is a short sorted list of byte intervals (one per
- *    head, merged when heads touch); the two footprints are compared modulo the token stride,
- *    which is exact whenever the tensors share a token, and conservative otherwise;
+ *    row), the two per-token footprints are compared modulo the token stride, which is exact
+ *    whenever the tensors share a token, and conservative otherwise. A footprint is its heads, an
+ *    arithmetic progression of equal byte intervals (merged into one when heads touch). Two
+ *    progressions with one step (q, k and v interleaved head by head: GPT-NeoX's [T, H, 3, D],
+ *    [rows, Hk, 2, D] caches) are compared in O(1) for any number of heads, others interval by
+ *    interval of the one with fewer; either way in fixed memory and exactly;
  *  - anything else whose extents meet is reported as overlapping (lmk.h allows that for layouts
  *    other than the side-by-side ones).
  */
@@ -18,11 +21,6 @@
 
 #include <stdio.h>
 #include <string.h>
-
-/* More heads than this in a footprint are merged into one interval (conservative, never wrong).
- * The footprints live on the validating thread's stack (2 KB in all): thread-local storage would
- * be carved out of every thread's stack in a process that links lmk. */
-#define MAX_INTERVALS 64
 
 static void format_dims(char *buf, size_t n, const size_t *v, int k)
 {
@@ -121,41 +119,52 @@ bool lmk_tensor3_self_overlaps(const lmk_tensor3 *t)
     return false;
 }
 
-typedef struct ivl {
-    size_t lo, hi; /* bytes [lo, hi) */
-} ivl;
+/* A per-token footprint relative to element [0, 0, 0]: n intervals [h * step, h * step + len),
+ * h < n (one interval, n = 1, when the heads touch or overlap: their union). */
+typedef struct heads_fp {
+    size_t n, step, len;
+} heads_fp;
 
-/* Per-token footprint of t in bytes relative to its element [0,0,0]: sorted, merged intervals.
- * Returns the count (at least 1). */
-static int footprint(const lmk_tensor3 *t, ivl *out)
+static heads_fp heads_of(const lmk_tensor3 *t)
 {
     const size_t row = t->n[2] * t->es, hs = t->stride[1] * t->es;
-    if (t->n[1] <= 1 || hs <= row || t->n[1] > MAX_INTERVALS) {
-        out[0] = (ivl){0, t->n[1] ? (t->n[1] - 1) * hs + row : 0};
-        return 1;
-    }
-    int k = 0;
-    for (size_t h = 0; h < t->n[1]; h++)
-        out[k++] = (ivl){h * hs, h * hs + row};
-    return k;
+    if (t->n[1] <= 1 || hs <= row)
+        return (heads_fp){1, 0, t->n[1] ? (t->n[1] - 1) * hs + row : 0};
+    return (heads_fp){t->n[1], hs, row};
 }
 
-/* Whether any interval of a meets an interval of b shifted by `shift` (< period) and wrapped
- * modulo `period`. Every interval lies in [0, period). */
-static bool footprints_meet(const ivl *a, int na, const ivl *b, int nb, size_t shift, size_t period)
+/* floor(x / d) for d > 0. */
+static long long floor_div(long long x, long long d)
 {
-    for (int i = 0; i < nb; i++) {
-        const size_t lo = b[i].lo + shift, hi = b[i].hi + shift; /* both < 2 * period */
-        ivl piece[2];
-        int k = 0;
-        if (lo < period)
-            piece[k++] = (ivl){lo, hi < period ? hi : period};
-        if (hi > period)
-            piece[k++] = (ivl){lo > period ? lo - period : 0, hi - period};
-        for (int p = 0; p < k; p++)
-            for (int j = 0; j < na; j++)
-                if (piece[p].lo < piece[p].hi && a[j].lo < piece[p].hi && piece[p].lo < a[j].hi)
-                    return true;
+    return x >= 0 ? x / d : -((-x + d - 1) / d);
+}
+
+/* Whether an interval of a meets an interval of b shifted by c (c may be negative). Byte offsets
+ * here are below a token stride, itself below 2^63, so nothing overflows.
+ *  - One step (or a single interval on either side): interval h of a and g of b meet iff
+ *    c - len_a < (h - g) * step < c + len_b, and h - g takes every integer of
+ *    [-(n_b - 1), n_a - 1]: the test is on the smallest such k with k * step > c - len_a.
+ *  - Two steps: for each interval [x, y) of the one with fewer, the first interval of the other
+ *    that ends past x, h = floor((x - len) / step) + 1, must start before y. */
+static bool heads_meet(const heads_fp *a, const heads_fp *b, long long c)
+{
+    if (a->n == 1 || b->n == 1 || a->step == b->step) {
+        const long long step = (long long)(a->n > 1 ? a->step : b->step);
+        const long long lo = c - (long long)a->len, hi = c + (long long)b->len; /* k * step in (lo, hi) */
+        if (step == 0) /* one interval each */
+            return lo < 0 && 0 < hi;
+        long long k = floor_div(lo, step) + 1;
+        if (k < -(long long)(b->n - 1))
+            k = -(long long)(b->n - 1);
+        return k <= (long long)(a->n - 1) && k * step < hi;
+    }
+    if (b->n > a->n) /* a meets b + c exactly where b meets a - c */
+        return heads_meet(b, a, -c);
+    const long long sa = (long long)a->step, sb = (long long)b->step;
+    for (long long g = 0; g < (long long)b->n; g++) {
+        const long long x = c + g * sb, h = x - (long long)a->len < 0 ? 0 : floor_div(x - (long long)a->len, sa) + 1;
+        if (h < (long long)a->n && h * sa < x + (long long)b->len)
+            return true;
     }
     return false;
 }
@@ -170,14 +179,15 @@ bool lmk_tensor3_overlap(const lmk_tensor3 *a, const lmk_tensor3 *b)
     const size_t period = ta ? ta : tb;
     if (!period || (ta && tb && ta != tb))
         return true;
-    ivl fa[MAX_INTERVALS], fb[MAX_INTERVALS];
-    const int na = footprint(a, fa), nb = footprint(b, fb);
-    if (fa[na - 1].hi > period || fb[nb - 1].hi > period)
+    const bool a_low = (uintptr_t)a->data <= (uintptr_t)b->data;
+    const heads_fp lo = heads_of(a_low ? a : b), hi = heads_of(a_low ? b : a);
+    if ((lo.n - 1) * lo.step + lo.len > period || (hi.n - 1) * hi.step + hi.len > period)
         return true;
-    const lmk_tensor3 *lo = (uintptr_t)a->data <= (uintptr_t)b->data ? a : b;
-    const size_t delta = (size_t)((uintptr_t)(lo == a ? b->data : a->data) - (uintptr_t)lo->data);
-    return lo == a ? footprints_meet(fa, na, fb, nb, delta % period, period)
-                   : footprints_meet(fb, nb, fa, na, delta % period, period);
+    /* hi's footprint shifted by delta mod period lies in [0, 2 * period): its part past period
+     * meets lo's footprint of the next token, i.e. lo's shifted by period. */
+    const size_t shift = (size_t)((uintptr_t)(a_low ? b->data : a->data) - (uintptr_t)(a_low ? a->data : b->data)) %
+                         period;
+    return heads_meet(&lo, &hi, (long long)shift) || heads_meet(&lo, &hi, (long long)shift - (long long)period);
 }
 
 lmk_status lmk_check_overlaps(const char *op, const lmk_tensor3 *ops, const char *const *names, int n_ops,

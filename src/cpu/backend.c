@@ -4,7 +4,9 @@
  * A stream owns a persistent pool of n_threads threads: the thread that calls an op plus
  * n_threads - 1 workers created with the stream and joined when it is destroyed. Creating threads
  * per op would cost more than a decode-sized op takes, and allocating per op is forbidden (the
- * hot-path rule), so everything a job needs lives in the pool, allocated at stream creation.
+ * hot-path rule), so everything a job needs lives in the pool, allocated at stream creation:
+ * its scratch memory included (a block per thread for an op's tables, which would otherwise sit
+ * on the calling thread's stack, and one shared block; lmk_cpu_scratch).
  * A job is published by bumping a generation counter (release; workers acquire it); waiting,
  * on either side, spins briefly and then sleeps on a condition variable. Each stream has its own
  * pool, so streams used by different threads never contend; a single stream is used by one
@@ -76,6 +78,8 @@ struct cpu_pool {
     int quit;              /* under mu */
     lmk_cpu_task task;     /* the current job, run by every thread of the pool */
     void *ctx;
+    unsigned char *scratch; /* LMK_CPU_SHARED_SCRATCH bytes, then LMK_CPU_SCRATCH per thread: after
+                               workers[], in the pool's allocation */
     cpu_worker workers[];  /* n_threads - 1 */
 };
 
@@ -438,9 +442,13 @@ static lmk_status cpu_stream_create(lmk_stream *s)
     const cpu_device *cd = s->dev->impl;
     const int want = __atomic_load_n(&s->dev->n_threads, __ATOMIC_RELAXED);
     const int n = want >= 1 ? want : 1;
-    cpu_pool *p = lmk_host_calloc(sizeof *p + (size_t)(n - 1) * sizeof(cpu_worker), 64);
+    /* n <= 1024 (lmk_device_set_threads): no size below overflows. The scratch is not zeroed. */
+    const size_t head = (sizeof(cpu_pool) + (size_t)(n - 1) * sizeof(cpu_worker) + 63) / 64 * 64;
+    cpu_pool *p = lmk_host_alloc(head + LMK_CPU_SHARED_SCRATCH + (size_t)n * LMK_CPU_SCRATCH, 64);
     if (!p)
         return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "%s: out of host memory for a pool of %d threads", fn, n);
+    memset(p, 0, head);
+    p->scratch = (unsigned char *)p + head;
     p->isa = cd->isa;
     p->n_threads = n;
     p->pid = current_pid();
@@ -496,6 +504,24 @@ static void pool_run(cpu_pool *p, lmk_cpu_task task, void *ctx)
             pthread_cond_wait(&p->done, &p->mu);
         pthread_mutex_unlock(&p->mu);
     }
+}
+
+void *lmk_cpu_scratch(lmk_stream *s, int tid)
+{
+    cpu_pool *p = s->impl;
+    return p->scratch + LMK_CPU_SHARED_SCRATCH + (size_t)tid * LMK_CPU_SCRATCH;
+}
+
+void *lmk_cpu_shared_scratch(lmk_stream *s)
+{
+    cpu_pool *p = s->impl;
+    return p->scratch;
+}
+
+int lmk_cpu_parallel_threads(const lmk_stream *s, size_t bytes)
+{
+    const cpu_pool *p = s->impl;
+    return p->n_threads == 1 || bytes < LMK_CPU_PARALLEL_MIN_BYTES ? 1 : p->n_threads;
 }
 
 void lmk_cpu_parallel(lmk_stream *s, size_t bytes, lmk_cpu_task task, void *ctx)

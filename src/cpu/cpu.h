@@ -60,6 +60,22 @@ typedef void (*lmk_cpu_task)(void *ctx, int tid, int n_threads);
  * when every share has finished. Never allocates. */
 void lmk_cpu_parallel(lmk_stream *s, size_t bytes, lmk_cpu_task task, void *ctx);
 
+/* How many shares lmk_cpu_parallel(s, bytes, ...) runs the task in at most: 1 when it runs it on
+ * the calling thread alone (a small op, a one-thread stream). */
+int lmk_cpu_parallel_threads(const lmk_stream *s, size_t bytes);
+
+/* Scratch memory of the stream's pool, allocated with the stream (an op call allocates nothing),
+ * 64-byte aligned, its bytes left by the last op that used them. lmk_cpu_scratch(s, tid): for
+ * share tid (< the stream's thread count) of the op running on the stream, its per-thread tables
+ * and buffers, which would otherwise sit on the calling thread's stack (share 0 runs there, and
+ * lmk.h bounds its stack use). lmk_cpu_shared_scratch(s): what the calling thread prepares before
+ * lmk_cpu_parallel for every share to read. One stream runs one op at a time (lmk.h), so an op
+ * has both to itself. */
+#define LMK_CPU_SCRATCH ((size_t)8 << 10)
+#define LMK_CPU_SHARED_SCRATCH ((size_t)8 << 10)
+void *lmk_cpu_scratch(lmk_stream *s, int tid);
+void *lmk_cpu_shared_scratch(lmk_stream *s);
+
 /* The ISA level of the stream's device. */
 lmk_cpu_isa lmk_cpu_stream_isa(const lmk_stream *s);
 

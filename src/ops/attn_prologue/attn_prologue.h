@@ -31,7 +31,7 @@ typedef struct lmk_attn_prologue_args {
     lmk_dtype q_norm_dtype, k_norm_dtype;
     double eps, weight_offset;
     lmk_rows v_in;          /* [T, n_k_heads, v_dim]; data NULL without v */
-    uint32_t v_dim;
+    uint32_t v_dim;         /* Dv; validation rejects a Dv past 32 bits */
     const void *slots;      /* [T] cache rows; NULL without caches */
     lmk_dtype slot_dtype;   /* LMK_I32 or LMK_I64 */
     lmk_rows k_cache, v_cache; /* [n_slots, n_k_heads, D or v_dim]; data NULL when absent */

@@ -136,6 +136,12 @@ static const row k_rows[] = {
      "edge: odd copy units, weights last"},
     {{.p = {.head_dim = 100, .rope_dim = 24, .n_heads = 8, .n_k_heads = 2, .freq_base = 1e4f, .mode = LMK_ROPE_NEOX},
       .k_out = true, .norm = true, .eps = 1e-6f}, 1024, LMK_F32, 0, "edge: odd copy units, weights last"},
+    /* Rows of 32 elements in bf16: on AVX-512 the element-order build (blocks of 32 split pairs
+     * need rope_dim 64), with k to k_out and an f8 cache; the deepest CPU frames at -O0
+     * (tests/test_small_stack.c). */
+    {{.p = {.head_dim = 32, .rope_dim = 32, .n_heads = 16, .n_k_heads = 4, .freq_base = 1e4f, .mode = LMK_ROPE_NEOX},
+      .norm = true, .w_dtype = LMK_BF16, .eps = 1e-6f, .k_out = true, .cache = true, .v = true, .v_dim = 32,
+      F8_SCALES, .n_slots = 64}, 37, LMK_BF16, 0, "edge: head_dim 32"},
 };
 
 static int ap_n_cases(void)

@@ -2,10 +2,11 @@
  * cpu.c - the CPU path of attn_prologue: RMSNorm, rope and the KV-cache write of each token in one
  * pass over its rows.
  *
- * Threads split the tokens. For a token, every head row of q and then of k is normed, rotated and
- * stored to each of its destinations: q_out; k_out and the k cache row of the token's slot
- * (quantised to f8 from the f32 result when the cache is f8); v is copied (or quantised) to its
- * cache row. Arithmetic after the loads is f32 with no rounding between norm and rope, as lmk.h
+ * Threads split the tokens (those that may share a cache row with another go by their slot
+ * instead: "duplicate slots" below). For a token, every head row of q and then of k is normed,
+ * rotated and stored to each of its destinations: q_out; k_out and the k cache row of the token's
+ * slot (quantised to f8 from the f32 result when the cache is f8); v is copied (or quantised) to
+ * its cache row. Arithmetic after the loads is f32 with no rounding between norm and rope, as lmk.h
  * promises; the angle is formed in double from rope_common.h's rules (the ones lmk_rope's paths
  * use) and m*cos / m*sin computed once per (token, pair) for all heads, rounded to f32 from double.
  *
@@ -40,11 +41,14 @@
  * scalar level and angles beyond the bound use libm. On Qwen3-8B bf16, libm's cos/sin had been a
  * third of a token's time (docs/cpu_notes.md).
  *
- * Stack use is fixed: per-pair tables for CHUNK pairs (larger rope_dim is processed chunk by
- * chunk), norm factors for CHUNK rows at a time, and on the row path one row and a buffer of the
- * widened norm weights (q's and k's together, or refilled per token when they do not fit): 9.2 KB
- * in all measured at -O2 (gcc; clang 9.9 KB), 15.7 KB at -O0 (gcc, AVX-512; AVX2 12.9 KB), inside
- * lmk.h's 16 KiB bound (tests/test_small_stack.c).
+ * Memory is fixed: per-pair tables for CHUNK pairs (larger rope_dim is processed chunk by chunk)
+ * and on the row path one row and a buffer of the widened norm weights (q's and k's together, or
+ * refilled per token when they do not fit), 6.4 KB a share in its block of the stream's scratch
+ * (ap_scratch), so that the stack of the calling thread, which runs share 0, holds only frames and
+ * norm factors for CHUNK rows: lmk.h's 16 KiB bound with a margin (tests/test_small_stack.c:
+ * 3-5 KB at -O2 with gcc and clang; at -O0, where every vector temporary of a function has a stack
+ * slot of its own, 8 KB with gcc and 14 KB with clang on AVX-512, the steps below being functions
+ * of their own there, STEP_KERNEL).
  */
 #include "cpu/bf16_simd.h"
 #include "cpu/cpu.h"
@@ -99,6 +103,7 @@ _Static_assert(CHUNK % 8 == 0 && FAST_DIM / 2 >= CHUNK, "theta holds a chunk pad
 /* A launch: the arguments, the ISA level, and which destination tensors may stream. */
 typedef struct ap_job {
     const lmk_attn_prologue_args *a;
+    lmk_stream *s;                /* its pool's scratch holds each share's tables (ap_scratch) */
     lmk_cpu_isa isa;
     size_t es, k_ces;             /* bytes per element of q/k/v and of the k cache */
     bool direct_ok;               /* a vector level and pairs and gaps of whole vectors: builds
@@ -108,7 +113,19 @@ typedef struct ap_job {
                                    * cos/sin in even/odd order (build8_eo, build16_eo) */
     int nt_q, nt_k, nt_kc, nt_vc; /* q_out, k_out, k cache, v cache */
     float k_inv, v_inv;           /* lmk_attn_prologue_exact_inverse of k_scale and v_scale */
+    const uint64_t *twice;        /* duplicate slots: buckets named by two or more tokens (dup_scan),
+                                   * NULL when every cached slot's bucket has one token */
+    uint64_t bucket_mask;         /* buckets - 1 */
 } ap_job;
+
+/* A share's tables and buffers, in its block of the stream's scratch (lmk_cpu_scratch), not on
+ * the stack of the calling thread, which runs share 0 (lmk.h's stack bound). */
+typedef struct ap_scratch {
+    ap_table tb;
+    _Alignas(64) float w[FAST_DIM]; /* a norm weight (plus offset) */
+    ap_buf b;                        /* a row, or the token's angles */
+} ap_scratch;
+_Static_assert(sizeof(ap_scratch) <= LMK_CPU_SCRATCH, "a share's tables fit its scratch");
 
 LMK_INLINE float ld(lmk_dtype dt, const void *p, size_t i)
 {
@@ -212,6 +229,75 @@ static inline row_dest v_row(const ap_job *jb, size_t token, size_t h, long long
 static inline int v_slot_ok(const lmk_attn_prologue_args *a, long long slot)
 {
     return a->v_cache.data && slot >= 0 && (unsigned long long)slot < a->v_slots;
+}
+
+/* ---- duplicate slots ----
+ *
+ * lmk.h: a cache row named by several tokens of one call holds the whole row of the last of them.
+ * Tokens are processed in order within a share, so the last one's row stays when all tokens of a
+ * slot are in one share; across shares, two threads would write the row at once (and the earlier
+ * token could finish last). So before the shares start, the calling thread hashes every cached
+ * slot into buckets (dup_scan: two bitmaps in the stream's shared scratch, O(T)); a token whose
+ * bucket no other token hashes to has a slot of its own and is computed by the share its index
+ * falls in, as always. The others (a duplicate slot, or a collision of two) are computed by the
+ * share that owns their bucket (bucket % shares), in token order, after its own tokens: tokens of
+ * one slot share a bucket, so one thread writes that row, the last token last. There are 32
+ * buckets a token (at most 2^15); a slot's bucket is its low bits with the high ones folded in, so
+ * slots below 2^15 go to slot mod buckets: the consecutive slots of a prompt never share one, nor
+ * the rows of a cache with no more rows than buckets, and random rows of a larger cache rarely. */
+#define DUP_MAX_BUCKETS ((size_t)1 << 15)
+_Static_assert(2 * DUP_MAX_BUCKETS / 8 <= LMK_CPU_SHARED_SCRATCH, "the two bitmaps fit the shared scratch");
+
+/* Whether the token's slot names a row of a cache of the call. */
+static inline int slot_cached(const lmk_attn_prologue_args *a, long long slot)
+{
+    return slot >= 0 && ((a->k_cache.data && (unsigned long long)slot < a->k_slots) || v_slot_ok(a, slot));
+}
+
+static inline uint64_t slot_bucket(long long slot, uint64_t mask)
+{
+    const uint64_t u = (uint64_t)slot;
+    return (u ^ u >> 15 ^ u >> 30 ^ u >> 45) & mask;
+}
+
+/* Marks the buckets of two or more cached slots in jb->twice (NULL when there is none). */
+static void dup_scan(ap_job *jb, uint64_t *bits)
+{
+    const lmk_attn_prologue_args *a = jb->a;
+    const size_t T = a->rope.seq_len;
+    size_t n = 64;
+    while (n < DUP_MAX_BUCKETS && n < 32 * T)
+        n *= 2;
+    uint64_t *once = bits, *twice = bits + n / 64;
+    memset(bits, 0, 2 * n / 8);
+    bool any = false;
+    for (size_t t = 0; t < T; t++) {
+        const long long slot = slot_of(a, t);
+        if (!slot_cached(a, slot))
+            continue;
+        const uint64_t b = slot_bucket(slot, n - 1), bit = (uint64_t)1 << (b & 63);
+        if (once[b >> 6] & bit)
+            twice[b >> 6] |= bit, any = true;
+        once[b >> 6] |= bit;
+    }
+    jb->twice = any ? twice : NULL;
+    jb->bucket_mask = n - 1;
+}
+
+/* Which tokens a share computes: pass 0, those of its range [lo, hi) whose bucket is their own;
+ * pass 1, every token of a shared bucket the share owns. */
+typedef struct ap_pick {
+    int pass, tid, nth;
+} ap_pick;
+
+static inline bool token_picked(const ap_job *jb, const ap_pick *pk, size_t token)
+{
+    const long long slot = slot_of(jb->a, token);
+    if (!slot_cached(jb->a, slot))
+        return pk->pass == 0;
+    const uint64_t b = slot_bucket(slot, jb->bucket_mask);
+    const bool shared = jb->twice[b >> 6] >> (b & 63) & 1;
+    return pk->pass == 0 ? !shared : shared && b % (uint64_t)pk->nth == (uint64_t)pk->tid;
 }
 
 /* ---- the element-wise path: head_dim > FAST_DIM or rope_dim/2 > CHUNK ---- */
@@ -576,21 +662,31 @@ LMK_TARGET_AVX512 static void sumsq16_rows(lmk_dtype dt, const unsigned char *in
  * the min saturates everything from 464 up, infinity included); below 2^-6, round-to-nearest-even
  * of |x| * 2^9, exact since 2^9 is a power of two, which is the scalar rounding of m >> shift (0
  * for f32 subnormals); NaN 0x7F. The sign is put back last. */
+/* f8_16's steps (functions of their own at -O0, as every STEP_KERNEL): the code of |x| (bits u)
+ * as a normal E4M3 value, saturated; */
+STEP_KERNEL LMK_TARGET_AVX512 __m512i f8_normal16(__m512i u)
+{
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 20), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7ffff)), lsb);
+    return _mm512_min_epu32(_mm512_sub_epi32(_mm512_srli_epi32(r, 20), _mm512_set1_epi32(960)), _mm512_set1_epi32(0x7e));
+}
+
+/* then code with the lanes below 2^-6 (subnormal codes) and the NaN lanes replaced. */
+STEP_KERNEL LMK_TARGET_AVX512 __m512i f8_special16(__m512i u, __m512i code)
+{
+    const __m512 tiny = _mm512_mul_ps(_mm512_castsi512_ps(u), _mm512_set1_ps(512.0f));
+    const __m512i sub = _mm512_cvt_roundps_epi32(tiny, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    code = _mm512_mask_mov_epi32(code, _mm512_cmplt_epu32_mask(u, _mm512_set1_epi32(0x3c800000)), sub);
+    return _mm512_mask_mov_epi32(code, _mm512_cmpgt_epu32_mask(u, _mm512_set1_epi32(0x7f800000)),
+                                 _mm512_set1_epi32(0x7f));
+}
+
 STEP_KERNEL LMK_TARGET_AVX512 __m128i f8_16(__m512 v)
 {
     const __m512i bits = _mm512_castps_si512(v);
     const __m512i u = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
     const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80));
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 20), _mm512_set1_epi32(1));
-    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7ffff)), lsb);
-    __m512i code = _mm512_min_epu32(_mm512_sub_epi32(_mm512_srli_epi32(r, 20), _mm512_set1_epi32(960)),
-                                    _mm512_set1_epi32(0x7e));
-    const __m512 tiny = _mm512_mul_ps(_mm512_castsi512_ps(u), _mm512_set1_ps(512.0f));
-    const __m512i sub = _mm512_cvt_roundps_epi32(tiny, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    code = _mm512_mask_mov_epi32(code, _mm512_cmplt_epu32_mask(u, _mm512_set1_epi32(0x3c800000)), sub);
-    code = _mm512_mask_mov_epi32(code, _mm512_cmpgt_epu32_mask(u, _mm512_set1_epi32(0x7f800000)),
-                                 _mm512_set1_epi32(0x7f));
-    return _mm512_cvtepi32_epi8(_mm512_or_si512(code, sign));
+    return _mm512_cvtepi32_epi8(_mm512_or_si512(f8_special16(u, f8_normal16(u)), sign));
 }
 
 /* 16 results stored to p in dtype odt (f8: x / scale already divided). */
@@ -642,9 +738,40 @@ STEP_KERNEL LMK_TARGET_AVX512 void gap16(lmk_dtype dt, int to, const unsigned ch
         gap_scalar(dt, in, (float *)out, w, r, i, hi);
 }
 
+/* Split pairs: *ya = a*c - b*s and *yb = a*s + b*c from 16 pairs' a's and b's and cos/sin at c
+ * and s (each product of b rounded, then fused). */
+STEP_KERNEL LMK_TARGET_AVX512 void rotate16(__m512 a, __m512 b, const float *c, const float *s, __m512 *ya, __m512 *yb)
+{
+    const __m512 cv = _mm512_loadu_ps(c), sv = _mm512_loadu_ps(s);
+    *ya = _mm512_fmsub_ps(a, cv, _mm512_mul_ps(b, sv));
+    *yb = _mm512_fmadd_ps(a, sv, _mm512_mul_ps(b, cv));
+}
+
+/* The same for pairs held as even and odd elements (adjacent pairs in even/odd order): a*c - b*s,
+ * and b*c + a*s with the product of a rounded, as the adjacent formula's odd lanes. */
+STEP_KERNEL LMK_TARGET_AVX512 void rotate16_adj(__m512 a, __m512 b, const float *c, const float *s, __m512 *ya,
+                                                __m512 *yb)
+{
+    const __m512 cv = _mm512_loadu_ps(c), sn = _mm512_loadu_ps(s);
+    *ya = _mm512_fmsub_ps(a, cv, _mm512_mul_ps(b, sn));
+    *yb = _mm512_fmadd_ps(b, cv, _mm512_mul_ps(a, sn));
+}
+
+/* 8 adjacent pairs in element order (v: elements 2p .. 2p + 16, cos/sin of the pairs at c and s):
+ * out = x * (c, c) + swap(x) * (-s, s), cos/sin duplicated into lane pairs (the even lanes are
+ * a*c - b*s as in the split case). */
+STEP_KERNEL LMK_TARGET_AVX512 __m512 rotate_adjacent16(__m512 v, const float *c, const float *s)
+{
+    const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i neg_even = _mm512_set1_epi64(0x80000000); /* sign bit of lanes 0, 2, 4, ... */
+    const __m512 cv = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(c)));
+    const __m512 sv = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(s)));
+    const __m512 sa = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(sv), neg_even));
+    return _mm512_fmadd_ps(v, cv, _mm512_mul_ps(_mm512_permute_ps(v, 0xB1), sa));
+}
+
 /* Split pairs 16 at a time, a vector of a's against a vector of b's (stride >= n: the two never
- * overlap); adjacent pairs 8 at a time: out = x * (c, c) + swap(x) * (-s, s), cos/sin
- * duplicated into lane pairs (the even lanes are a*c - b*s as in the split case). */
+ * overlap); adjacent pairs 8 at a time (rotate_adjacent16). */
 STEP_KERNEL LMK_TARGET_AVX512 void build16_dt(lmk_dtype dt, int to, const lmk_rope_args *ra, const unsigned char *in,
                                               void *out, const float *w, float r, const ap_table *tb)
 {
@@ -652,21 +779,14 @@ STEP_KERNEL LMK_TARGET_AVX512 void build16_dt(lmk_dtype dt, int to, const lmk_ro
     const __m512 rv = _mm512_set1_ps(r);
     size_t p = 0, g[2][2];
     if (ra->interleaved) {
-        const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-        const __m512i neg_even = _mm512_set1_epi64(0x80000000); /* sign bit of lanes 0, 2, 4, ... */
-        for (; p + 8 <= n; p += 8) {
-            const __m512 v = scaled16(dt, in, 2 * p, rv, w);
-            const __m512 cv = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(tb->c + p)));
-            const __m512 sv = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(tb->s + p)));
-            const __m512 sa = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(sv), neg_even));
-            put16(to, dt, out, 2 * p, _mm512_fmadd_ps(v, cv, _mm512_mul_ps(_mm512_permute_ps(v, 0xB1), sa)));
-        }
+        for (; p + 8 <= n; p += 8)
+            put16(to, dt, out, 2 * p, rotate_adjacent16(scaled16(dt, in, 2 * p, rv, w), tb->c + p, tb->s + p));
     } else {
         for (; p + 16 <= n; p += 16) {
-            const __m512 a = scaled16(dt, in, p, rv, w), b = scaled16(dt, in, p + st, rv, w);
-            const __m512 cv = _mm512_loadu_ps(tb->c + p), sv = _mm512_loadu_ps(tb->s + p);
-            put16(to, dt, out, p, _mm512_fmsub_ps(a, cv, _mm512_mul_ps(b, sv)));
-            put16(to, dt, out, p + st, _mm512_fmadd_ps(a, sv, _mm512_mul_ps(b, cv)));
+            __m512 ya, yb;
+            rotate16(scaled16(dt, in, p, rv, w), scaled16(dt, in, p + st, rv, w), tb->c + p, tb->s + p, &ya, &yb);
+            put16(to, dt, out, p, ya);
+            put16(to, dt, out, p + st, yb);
         }
     }
     if (p < n) /* only with to == TO_X (direct_ok); the tail is a call: skip it when empty */
@@ -704,18 +824,18 @@ STEP_KERNEL LMK_TARGET_AVX512 void build16_eo(int to, const lmk_rope_args *ra, c
     if (ra->interleaved) {
         for (size_t p = 0; p < n; p += 16) { /* elements 2p .. 2p + 32: a the even ones, b the odd */
             scaled_eo16(in, 2 * p, rv, w, &ae, &be);
-            const __m512 c = _mm512_loadu_ps(tb->c + p), sn = _mm512_loadu_ps(tb->s + p);
-            put_eo16(to, out, 2 * p, _mm512_fmsub_ps(ae, c, _mm512_mul_ps(be, sn)), _mm512_fmadd_ps(be, c, _mm512_mul_ps(ae, sn)));
+            rotate16_adj(ae, be, tb->c + p, tb->s + p, &ao, &bo);
+            put_eo16(to, out, 2 * p, ao, bo);
         }
     } else {
+        __m512 yae, yao, ybe, ybo;
         for (size_t p = 0; p < n; p += 32) {
             scaled_eo16(in, p, rv, w, &ae, &ao);
             scaled_eo16(in, p + st, rv, w, &be, &bo);
-            const __m512 ce = _mm512_loadu_ps(tb->c + p), co = _mm512_loadu_ps(tb->c + p + 16);
-            const __m512 se = _mm512_loadu_ps(tb->s + p), so = _mm512_loadu_ps(tb->s + p + 16);
-            put_eo16(to, out, p, _mm512_fmsub_ps(ae, ce, _mm512_mul_ps(be, se)), _mm512_fmsub_ps(ao, co, _mm512_mul_ps(bo, so)));
-            put_eo16(to, out, p + st, _mm512_fmadd_ps(ae, se, _mm512_mul_ps(be, ce)),
-                     _mm512_fmadd_ps(ao, so, _mm512_mul_ps(bo, co)));
+            rotate16(ae, be, tb->c + p, tb->s + p, &yae, &ybe);
+            rotate16(ao, bo, tb->c + p + 16, tb->s + p + 16, &yao, &ybo);
+            put_eo16(to, out, p, yae, yao);
+            put_eo16(to, out, p + st, ybe, ybo);
         }
     }
     gaps_of(ra, g);
@@ -1508,7 +1628,8 @@ LMK_INLINE void load_weights(lmk_cpu_isa isa, const ap_job *jb, int k, float *w)
     to_eo_at(isa, jb, w, d);
 }
 
-LMK_INLINE void do_tokens(lmk_cpu_isa isa, const ap_job *jb, ap_table *tb, float *w, ap_buf *b, size_t lo, size_t hi)
+LMK_INLINE void do_tokens(lmk_cpu_isa isa, const ap_job *jb, const ap_pick *pk, ap_table *tb, float *w, ap_buf *b,
+                          size_t lo, size_t hi)
 {
     const lmk_attn_prologue_args *a = jb->a;
     const size_t d = a->rope.head_dim;
@@ -1519,6 +1640,8 @@ LMK_INLINE void do_tokens(lmk_cpu_isa isa, const ap_job *jb, ap_table *tb, float
         load_weights(isa, jb, 1, w + d);
     }
     for (size_t token = lo; token < hi; token++) {
+        if (jb->twice && !token_picked(jb, pk, token))
+            continue;
         const long long slot = slot_of(a, token);
         fill_angles(isa, &a->rope.angle, tb, a->rope.angle.n_pairs, token, b);
         if (!a->rope.interleaved) { /* split pairs meet cos/sin lane by lane: their order too */
@@ -1540,26 +1663,44 @@ LMK_INLINE void do_tokens(lmk_cpu_isa isa, const ap_job *jb, ap_table *tb, float
 }
 
 /* Each level's token loop, the level a constant so that every step call is direct. */
-static void tokens_scalar(const ap_job *jb, ap_table *tb, float *w, ap_buf *b, size_t lo, size_t hi)
+static void tokens_scalar(const ap_job *jb, const ap_pick *pk, ap_scratch *sc, size_t lo, size_t hi)
 {
-    do_tokens(LMK_CPU_SCALAR, jb, tb, w, b, lo, hi);
+    do_tokens(LMK_CPU_SCALAR, jb, pk, &sc->tb, sc->w, &sc->b, lo, hi);
 }
 
 #if LMK_CPU_X86
-LMK_TARGET_AVX512 static void tokens_avx512(const ap_job *jb, ap_table *tb, float *w, ap_buf *b, size_t lo,
-                                            size_t hi)
+LMK_TARGET_AVX512 static void tokens_avx512(const ap_job *jb, const ap_pick *pk, ap_scratch *sc, size_t lo, size_t hi)
 {
-    do_tokens(LMK_CPU_AVX512, jb, tb, w, b, lo, hi);
+    do_tokens(LMK_CPU_AVX512, jb, pk, &sc->tb, sc->w, &sc->b, lo, hi);
 }
 
-LMK_TARGET_AVX2 static void tokens_avx2(const ap_job *jb, ap_table *tb, float *w, ap_buf *b, size_t lo,
-                                        size_t hi)
+LMK_TARGET_AVX2 static void tokens_avx2(const ap_job *jb, const ap_pick *pk, ap_scratch *sc, size_t lo, size_t hi)
 {
-    do_tokens(LMK_CPU_AVX2, jb, tb, w, b, lo, hi);
+    do_tokens(LMK_CPU_AVX2, jb, pk, &sc->tb, sc->w, &sc->b, lo, hi);
 }
 #endif
 
 /* ---- launch ---- */
+
+/* Tokens [lo, hi) on the picked ones (every one without duplicate slots). */
+static void run_tokens(const ap_job *jb, const ap_pick *pk, ap_scratch *sc, size_t lo, size_t hi)
+{
+    const lmk_attn_prologue_args *a = jb->a;
+    if (a->rope.angle.n_pairs > CHUNK || a->rope.head_dim > FAST_DIM) {
+        for (size_t token = lo; token < hi; token++)
+            if (!jb->twice || token_picked(jb, pk, token))
+                do_token(jb, &sc->tb, a->rope.angle.n_pairs <= CHUNK, token);
+        return;
+    }
+#if LMK_CPU_X86
+    if (jb->isa == LMK_CPU_AVX512)
+        tokens_avx512(jb, pk, sc, lo, hi);
+    else if (jb->isa == LMK_CPU_AVX2)
+        tokens_avx2(jb, pk, sc, lo, hi);
+    else
+#endif
+        tokens_scalar(jb, pk, sc, lo, hi);
+}
 
 static void prologue_task(void *ctx, int tid, int n_threads)
 {
@@ -1567,27 +1708,15 @@ static void prologue_task(void *ctx, int tid, int n_threads)
     const lmk_attn_prologue_args *a = jb->a;
     size_t lo, hi;
     lmk_cpu_share(a->rope.seq_len, tid, n_threads, 1, &lo, &hi);
-    if (lo >= hi)
+    if (lo >= hi && !jb->twice)
         return;
-    ap_table tb;
-    const bool one_chunk = a->rope.angle.n_pairs <= CHUNK;
-    if (one_chunk)
-        fill_freqs(&a->rope.angle, &tb, 0, a->rope.angle.n_pairs);
-    if (!one_chunk || a->rope.head_dim > FAST_DIM) {
-        for (size_t token = lo; token < hi; token++)
-            do_token(jb, &tb, one_chunk, token);
-        return;
-    }
-    _Alignas(64) float w[FAST_DIM]; /* a norm weight (plus offset) */
-    ap_buf b;                        /* a row, or the token's angles */
-#if LMK_CPU_X86
-    if (jb->isa == LMK_CPU_AVX512)
-        tokens_avx512(jb, &tb, w, &b, lo, hi);
-    else if (jb->isa == LMK_CPU_AVX2)
-        tokens_avx2(jb, &tb, w, &b, lo, hi);
-    else
-#endif
-        tokens_scalar(jb, &tb, w, &b, lo, hi);
+    ap_scratch *sc = lmk_cpu_scratch(jb->s, tid);
+    if (a->rope.angle.n_pairs <= CHUNK)
+        fill_freqs(&a->rope.angle, &sc->tb, 0, a->rope.angle.n_pairs);
+    const ap_pick own = {0, tid, n_threads}, shared = {1, tid, n_threads};
+    run_tokens(jb, &own, sc, lo, hi);
+    if (jb->twice)
+        run_tokens(jb, &shared, sc, 0, a->rope.seq_len);
     if (jb->nt_q || jb->nt_k || jb->nt_kc || jb->nt_vc)
         lmk_cpu_stream_fence();
 }
@@ -1609,8 +1738,8 @@ lmk_status lmk_cpu_attn_prologue(lmk_stream *s, const void *args)
     const size_t kces = a->k_cache.data ? lmk_dtype_size(a->k_cache.dtype) : 0;
     const size_t vces = a->v_cache.data ? lmk_dtype_size(a->v_cache.dtype) : 0;
     const size_t out_bytes = T * (hq * d * es + (a->rope.t[1].out ? hk * d * es : 0) + hk * d * kces + hk * dv * vces);
-    ap_job jb = {.a = a, .isa = lmk_cpu_stream_isa(s), .es = es, .k_ces = kces, .k_inv = lmk_attn_prologue_exact_inverse(a->k_scale),
-                 .v_inv = lmk_attn_prologue_exact_inverse(a->v_scale)};
+    ap_job jb = {.a = a, .s = s, .isa = lmk_cpu_stream_isa(s), .es = es, .k_ces = kces,
+                 .k_inv = lmk_attn_prologue_exact_inverse(a->k_scale), .v_inv = lmk_attn_prologue_exact_inverse(a->v_scale)};
     if (a->rope.angle.n_pairs <= CHUNK && d <= FAST_DIM) { /* the row path */
         const size_t n = a->rope.angle.n_pairs, st = a->rope.pair_stride;
         jb.direct_ok = jb.isa != LMK_CPU_SCALAR && d % 16 == 0 &&
@@ -1624,6 +1753,9 @@ lmk_status lmk_cpu_attn_prologue(lmk_stream *s, const void *args)
         jb.nt_vc = tensor_nt(&jb, out_bytes, a->v_cache.data != NULL, false, dv * vces);
     }
     const size_t bytes = T * (2 * (hq + hk) * d + 2 * hk * dv) * es;
+    /* One share processes its tokens in order: duplicate slots need the scan only across shares. */
+    if (T > 1 && (a->k_cache.data || a->v_cache.data) && lmk_cpu_parallel_threads(s, bytes) > 1)
+        dup_scan(&jb, lmk_cpu_shared_scratch(s));
     lmk_cpu_parallel(s, bytes, prologue_task, &jb);
     return LMK_OK;
 }

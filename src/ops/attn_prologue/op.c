@@ -50,6 +50,10 @@ static lmk_status v_dim_of(const lmk_buffer *v, size_t seq, size_t heads, size_t
                         v->element_count);
     if (*dim == 0)
         return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: v_in's head size Dv must be > 0", k_op);
+    /* Backends take Dv as a 32-bit value (lmk_attn_prologue_args.v_dim), like head_dim. */
+    if (*dim > UINT32_MAX)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: v_in's head size Dv (%zu) must be at most %u (head_dim's range)",
+                        k_op, *dim, UINT32_MAX);
     return LMK_OK;
 }
 
@@ -178,7 +182,7 @@ static lmk_attn_prologue_args make_args(const lmk_attn_prologue_io *io, const lm
         .eps = (double)n->eps,
         .weight_offset = (double)n->weight_offset,
         .v_in = rows_of(&t[V_IN], io->v_in),
-        .v_dim = (uint32_t)v_dim,
+        .v_dim = (uint32_t)v_dim, /* <= UINT32_MAX: v_dim_of */
         .slots = io->slots ? io->slots->data : NULL,
         .slot_dtype = io->slots ? io->slots->dtype : LMK_I32,
         .k_cache = rows_of(&t[K_CACHE], io->k_cache),

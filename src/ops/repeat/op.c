@@ -1,7 +1,8 @@
 /*
  * op.c - validation and dispatch of the GQA head broadcast: lmk_repeat_heads (tiled or block
  * layout, strided operands) and the 0.1 entry point lmk_repeat_tiled, which keeps its own rules
- * (byte-length checks that accept larger pooled buffers) and messages.
+ * (byte-length checks that accept larger pooled dense buffers) and messages, and takes a strided
+ * view as lmk_repeat_heads does.
  *
  *     src [seq, hg, k] -> dst [seq, h, k],   dst[t, i, j] = src[t, g(i), j]
  *
@@ -82,21 +83,42 @@ lmk_status lmk_repeat_tiled(lmk_stream *s, const lmk_buffer *src, lmk_buffer *ds
     if (src->dtype != dst->dtype)
         return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: src/dst dtype mismatch %s vs %s", op, lmk_dtype_name(src->dtype),
                         lmk_dtype_name(dst->dtype));
-    /* 0.1 counts bytes from the buffer's first byte: a strided buffer is taken as its span. */
-    if (src->byte_len < src_bytes)
-        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: src buffer too small: need %zu bytes, have %zu", op, src_bytes,
-                        src->byte_len);
-    if (dst->byte_len < dst_bytes)
-        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: dst buffer too small: need %zu bytes, have %zu", op, dst_bytes,
-                        dst->byte_len);
+    /* 0.1 counts a dense buffer's bytes from its first byte, so a larger (pooled) buffer is
+     * accepted. A strided view is an operand of lmk.h's "Operands" (b), shape exactly [seq, hg, k]
+     * or [seq, h, k] with last stride 1, and its strides are honoured: its span is not its
+     * elements (the gaps between its rows belong to other tensors). */
+    lmk_tensor3 t[2];
+    const lmk_buffer *b[2] = {src, dst};
+    static const char *const names[2] = {"src", "dst"};
+    const size_t need[2] = {src_bytes, dst_bytes}, heads[2] = {p->hg, p->h};
+    for (int i = 0; i < 2; i++) {
+        if (!b[i]->dense) {
+            st = lmk_operand3(op, names[i], b[i], p->seq, heads[i], p->k, &t[i]);
+            if (st != LMK_OK)
+                return st;
+            continue;
+        }
+        if (b[i]->byte_len < need[i])
+            return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: %s buffer too small: need %zu bytes, have %zu", op, names[i],
+                            need[i], b[i]->byte_len);
+        t[i] = (lmk_tensor3){.data = b[i]->data, .n = {p->seq, heads[i], p->k},
+                             .stride = {heads[i] * p->k, p->k, 1}, .es = esize};
+    }
     st = check_devices(op, s, src, dst);
     if (st != LMK_OK)
         return st;
-    if (lmk_ranges_overlap(src->data, src_bytes, dst->data, dst_bytes))
-        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: src and dst overlap", op);
+    if (src->dense && dst->dense) {
+        if (lmk_ranges_overlap(src->data, src_bytes, dst->data, dst_bytes))
+            return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: src and dst overlap", op);
+    } else {
+        static const int outs[1] = {1}, own[1] = {-1};
+        st = lmk_check_overlaps(op, t, names, 2, outs, own, 1);
+        if (st != LMK_OK)
+            return st;
+    }
     const lmk_repeat_args a = {
-        .src = src->data, .dst = dst->data, .seq = p->seq, .hg = p->hg, .h = p->h, .k = p->k, .elem_size = esize,
-        .src_tok = (size_t)p->hg * p->k, .src_head = p->k, .dst_tok = (size_t)p->h * p->k, .dst_head = p->k,
+        .src = t[0].data, .dst = t[1].data, .seq = p->seq, .hg = p->hg, .h = p->h, .k = p->k, .elem_size = esize,
+        .src_tok = t[0].stride[0], .src_head = t[0].stride[1], .dst_tok = t[1].stride[0], .dst_head = t[1].stride[1],
         .layout = LMK_REPEAT_TILED,
     };
     return lmk_dispatch(s, LMK_OP_repeat, op, &a);

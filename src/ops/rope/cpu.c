@@ -29,10 +29,12 @@
  * starts on a cache line (every real model shape, dense or with line-multiple strides) are written
  * with streaming stores. The portable path is scalar C with libm angles.
  *
- * Stack: the table holds PAIRS_PER_CHUNK = 128 pairs (3.2 KB), which covers rope_dim <= 256 (every
- * real model) in one pass; larger rope_dim is processed chunk by chunk. With the frames around it
- * an op stays within lmk.h's stack bound on the calling thread (share 0 runs there), and no size
- * ever reaches a VLA or the heap. tests/test_small_stack.c measures it.
+ * Memory: the table holds PAIRS_PER_CHUNK = 128 pairs (3.2 KB), which covers rope_dim <= 256 (every
+ * real model) in one pass; larger rope_dim is processed chunk by chunk. Each share's table is its
+ * block of the stream's scratch (lmk_cpu_scratch), not the stack of the calling thread (share 0
+ * runs there), which holds frames alone and stays within lmk.h's bound at every optimisation
+ * level (at -O0 the kernels' steps are functions of their own, PAIRS_KERNEL); no size ever reaches
+ * a VLA or the heap. tests/test_small_stack.c measures it.
  */
 #include "cpu/bf16_simd.h"
 #include "cpu/cpu.h"
@@ -56,6 +58,7 @@ typedef struct rope_tensor_job {
 } rope_tensor_job;
 
 typedef struct rope_job {
+    lmk_stream *s;              /* its pool's scratch holds each share's table */
     lmk_cpu_isa isa;
     lmk_dtype dtype;
     size_t es;                  /* bytes per element */
@@ -68,12 +71,15 @@ typedef struct rope_job {
     rope_tensor_job t[2];
 } rope_job;
 
+/* A share's table, in its block of the stream's scratch (lmk_cpu_scratch), not on the stack of
+ * the calling thread, which runs share 0 (lmk.h's stack bound). */
 typedef struct rope_table {
     float cos[PAIRS_PER_CHUNK], sin[PAIRS_PER_CHUNK];
     double freq[PAIRS_PER_CHUNK], theta[PAIRS_PER_CHUNK];
     unsigned char axis[PAIRS_PER_CHUNK];
     double max_freq; /* max |freq| of the chunk */
 } rope_table;
+_Static_assert(sizeof(rope_table) <= LMK_CPU_SCRATCH, "a share's table fits its scratch");
 
 /* In place: the row to prefetch next (the run's k-th row prefetches the tensor's row ~16 KB later
  * in (token, head) order), walked by pointer steps. */
@@ -285,7 +291,7 @@ static inline void prefetch_row(rope_prefetch *f)
 #define PAIRS_KERNEL static
 #endif
 
-LMK_INLINE LMK_TARGET_AVX512 __m512 load16(const unsigned char *p, lmk_dtype dt)
+PAIRS_KERNEL LMK_TARGET_AVX512 __m512 load16(const unsigned char *p, lmk_dtype dt)
 {
     if (dt == LMK_F32)
         return _mm512_loadu_ps(p);
@@ -295,7 +301,7 @@ LMK_INLINE LMK_TARGET_AVX512 __m512 load16(const unsigned char *p, lmk_dtype dt)
     return _mm512_cvtph_ps(h);
 }
 
-LMK_INLINE LMK_TARGET_AVX512 void store16(unsigned char *p, __m512 v, lmk_dtype dt, int nt)
+PAIRS_KERNEL LMK_TARGET_AVX512 void store16(unsigned char *p, __m512 v, lmk_dtype dt, int nt)
 {
     if (dt == LMK_F32) {
         if (nt)
@@ -311,54 +317,76 @@ LMK_INLINE LMK_TARGET_AVX512 void store16(unsigned char *p, __m512 v, lmk_dtype 
         _mm256_storeu_si256((__m256i *)(void *)p, h);
 }
 
+/* Split pairs: *ya = a*c - b*s and *yb = a*s + b*c from 16 pairs' a's and b's and cos/sin at c
+ * and s (each product of b rounded, then fused). The rotations below are steps of their own so
+ * that at -O0 a kernel's frame does not hold every step's vector temporaries (lmk.h's stack
+ * bound); when optimizing they are inlined (PAIRS_KERNEL). Same operations, same bits. */
+PAIRS_KERNEL LMK_TARGET_AVX512 void rotate16(__m512 a, __m512 b, const float *c, const float *s, __m512 *ya, __m512 *yb)
+{
+    const __m512 cv = _mm512_loadu_ps(c), sv = _mm512_loadu_ps(s);
+    *ya = _mm512_fmsub_ps(a, cv, _mm512_mul_ps(b, sv));
+    *yb = _mm512_fmadd_ps(a, sv, _mm512_mul_ps(b, cv));
+}
+
+/* Adjacent pairs held as even (a) and odd (b) elements: a*c - b*s, and b*c + a*s with the product
+ * of a rounded, as rotate_adjacent16's odd lanes. */
+PAIRS_KERNEL LMK_TARGET_AVX512 void rotate16_adj(__m512 a, __m512 b, const float *c, const float *s, __m512 *ya,
+                                               __m512 *yb)
+{
+    const __m512 cv = _mm512_loadu_ps(c), sv = _mm512_loadu_ps(s);
+    *ya = _mm512_fmsub_ps(a, cv, _mm512_mul_ps(b, sv));
+    *yb = _mm512_fmadd_ps(b, cv, _mm512_mul_ps(a, sv));
+}
+
+/* 8 adjacent pairs in element order (x: 16 elements): out = x * (c, c) + swap(x) * (-s, s) per
+ * pair, with cos/sin duplicated into lane pairs; the even lanes are exactly rotate16's a*c - b*s. */
+PAIRS_KERNEL LMK_TARGET_AVX512 __m512 rotate_adjacent16(__m512 x, const float *cs, const float *sn)
+{
+    const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i neg_even = _mm512_set1_epi64(0x80000000); /* sign bit of lanes 0, 2, 4, ... */
+    const __m512 c = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(cs)));
+    const __m512 s = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(sn)));
+    const __m512 sa = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(s), neg_even));
+    return _mm512_fmadd_ps(x, c, _mm512_mul_ps(_mm512_permute_ps(x, 0xB1), sa));
+}
+
 /* Split pairs, 16 at a time: a vector of a's against a vector of b's. Returns the pairs done. */
 PAIRS_KERNEL LMK_TARGET_AVX512 size_t split16(lmk_dtype dt, int nt, size_t es, const unsigned char *ia,
                                             const unsigned char *ib, unsigned char *oa, unsigned char *ob,
                                             const float *cs, const float *sn, size_t n)
 {
     size_t i = 0;
+    __m512 ae, ao, be, bo, yae, yao, ybe, ybo;
     for (; dt == LMK_BF16 && i + 32 <= n; i += 32) { /* split8's even/odd steps on 32 pairs */
-        __m512 ae, ao, be, bo;
         lmk_cpu_bf16_widen_eo16(ia + 2 * i, &ae, &ao);
         lmk_cpu_bf16_widen_eo16(ib + 2 * i, &be, &bo);
-        const __m512 ce = _mm512_loadu_ps(cs + i), co = _mm512_loadu_ps(cs + i + 16);
-        const __m512 se = _mm512_loadu_ps(sn + i), so = _mm512_loadu_ps(sn + i + 16);
-        lmk_cpu_store_bf16_eo16(oa + 2 * i, _mm512_fmsub_ps(ae, ce, _mm512_mul_ps(be, se)),
-                                _mm512_fmsub_ps(ao, co, _mm512_mul_ps(bo, so)), nt);
-        lmk_cpu_store_bf16_eo16(ob + 2 * i, _mm512_fmadd_ps(ae, se, _mm512_mul_ps(be, ce)),
-                                _mm512_fmadd_ps(ao, so, _mm512_mul_ps(bo, co)), nt);
+        rotate16(ae, be, cs + i, sn + i, &yae, &ybe);
+        rotate16(ao, bo, cs + i + 16, sn + i + 16, &yao, &ybo);
+        lmk_cpu_store_bf16_eo16(oa + 2 * i, yae, yao, nt);
+        lmk_cpu_store_bf16_eo16(ob + 2 * i, ybe, ybo, nt);
     }
     for (; i + 16 <= n; i += 16) {
-        const __m512 a = load16(ia + i * es, dt), b = load16(ib + i * es, dt);
-        const __m512 c = _mm512_loadu_ps(cs + i), s = _mm512_loadu_ps(sn + i);
-        store16(oa + i * es, _mm512_fmsub_ps(a, c, _mm512_mul_ps(b, s)), dt, nt);
-        store16(ob + i * es, _mm512_fmadd_ps(a, s, _mm512_mul_ps(b, c)), dt, nt);
+        rotate16(load16(ia + i * es, dt), load16(ib + i * es, dt), cs + i, sn + i, &yae, &ybe);
+        store16(oa + i * es, yae, dt, nt);
+        store16(ob + i * es, ybe, dt, nt);
     }
     return i;
 }
 
-/* Adjacent pairs, 8 (16 elements) at a time: out = x * (c, c) + swap(x) * (-s, s) per pair, with
- * cos/sin duplicated into lane pairs; the even lanes are exactly split16's a*c - b*s. */
+/* Adjacent pairs, 8 (16 elements) at a time (rotate_adjacent16); bf16 16 pairs a step in even/odd
+ * order. */
 PAIRS_KERNEL LMK_TARGET_AVX512 size_t adjacent16(lmk_dtype dt, int nt, size_t es, const unsigned char *ia,
                                                unsigned char *oa, const float *cs, const float *sn, size_t n)
 {
-    const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    const __m512i neg_even = _mm512_set1_epi64(0x80000000); /* sign bit of lanes 0, 2, 4, ... */
     size_t i = 0;
+    __m512 a, b, ya, yb;
     for (; dt == LMK_BF16 && i + 16 <= n; i += 16) { /* elements 2i .. 2i + 32: a the even ones, b the odd */
-        __m512 a, b;
         lmk_cpu_bf16_widen_eo16(ia + 4 * i, &a, &b);
-        const __m512 c = _mm512_loadu_ps(cs + i), s = _mm512_loadu_ps(sn + i);
-        lmk_cpu_store_bf16_eo16(oa + 4 * i, _mm512_fmsub_ps(a, c, _mm512_mul_ps(b, s)), _mm512_fmadd_ps(b, c, _mm512_mul_ps(a, s)),
-                                nt);
+        rotate16_adj(a, b, cs + i, sn + i, &ya, &yb);
+        lmk_cpu_store_bf16_eo16(oa + 4 * i, ya, yb, nt);
     }
-    for (; i + 8 <= n; i += 8) {
-        const __m512 x = load16(ia + 2 * i * es, dt);
-        const __m512 c = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(cs + i)));
-        const __m512 s = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(sn + i)));
-        const __m512 sa = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(s), neg_even));
-        store16(oa + 2 * i * es, _mm512_fmadd_ps(x, c, _mm512_mul_ps(_mm512_permute_ps(x, 0xB1), sa)), dt, nt);
-    }
+    for (; i + 8 <= n; i += 8)
+        store16(oa + 2 * i * es, rotate_adjacent16(load16(ia + 2 * i * es, dt), cs + i, sn + i), dt, nt);
     return i;
 }
 
@@ -399,7 +427,7 @@ LMK_TARGET_AVX512 static void rows_avx512_adjacent(lmk_dtype dt, const rope_rows
         r->nt ? rows16(LMK_F16, 1, 1, 2, r) : rows16(LMK_F16, 0, 1, 2, r);
 }
 
-LMK_INLINE LMK_TARGET_AVX2 __m256 load8(const unsigned char *p, lmk_dtype dt)
+PAIRS_KERNEL LMK_TARGET_AVX2 __m256 load8(const unsigned char *p, lmk_dtype dt)
 {
     if (dt == LMK_F32)
         return _mm256_loadu_ps((const float *)(const void *)p);
@@ -409,7 +437,7 @@ LMK_INLINE LMK_TARGET_AVX2 __m256 load8(const unsigned char *p, lmk_dtype dt)
     return _mm256_cvtph_ps(h);
 }
 
-LMK_INLINE LMK_TARGET_AVX2 void store8(unsigned char *p, __m256 v, lmk_dtype dt, int nt)
+PAIRS_KERNEL LMK_TARGET_AVX2 void store8(unsigned char *p, __m256 v, lmk_dtype dt, int nt)
 {
     if (dt == LMK_F32) {
         if (nt)
@@ -644,26 +672,26 @@ static void rope_task(void *ctx, int tid, int n_threads)
     lmk_cpu_share(j->seq * rpt, tid, n_threads, 1, &lo, &hi);
     if (lo >= hi)
         return;
-    rope_table tb;
+    rope_table *const tb = lmk_cpu_scratch(j->s, tid);
     const int one_chunk = j->half <= PAIRS_PER_CHUNK;
     /* One pass per chunk of pairs; with a single chunk the copies ride along while the rows are
      * in L1, otherwise a last pass (n = 0 pairs) copies. */
     for (size_t p0 = 0; p0 < j->half || !one_chunk; p0 += PAIRS_PER_CHUNK) {
         const size_t n = p0 >= j->half ? 0 : j->half - p0 < PAIRS_PER_CHUNK ? j->half - p0 : PAIRS_PER_CHUNK;
         if (n)
-            tb.max_freq = freqs(j->angle, p0, n, tb.axis, tb.freq);
+            tb->max_freq = freqs(j->angle, p0, n, tb->axis, tb->freq);
         for (size_t row = lo; row < hi;) {
             const size_t token = row / rpt, first = row % rpt;
             const size_t last = hi - row < rpt - first ? first + (hi - row) : rpt;
             if (n)
-                angles(j->isa, j->angle, token, tb.axis, tb.freq, tb.max_freq, n, tb.theta, tb.cos, tb.sin);
+                angles(j->isa, j->angle, token, tb->axis, tb->freq, tb->max_freq, n, tb->theta, tb->cos, tb->sin);
 #if LMK_CPU_X86
             if (n && j->isa == LMK_CPU_AVX2 && j->dtype == LMK_BF16 && !j->interleaved)
-                eo_table(tb.cos, tb.sin, n);
+                eo_table(tb->cos, tb->sin, n);
             if (n && j->isa == LMK_CPU_AVX512 && j->dtype == LMK_BF16 && !j->interleaved)
-                eo_table16(tb.cos, tb.sin, n);
+                eo_table16(tb->cos, tb->sin, n);
 #endif
-            process_rows(j, &tb, token, first, last, p0, n, one_chunk || !n);
+            process_rows(j, tb, token, first, last, p0, n, one_chunk || !n);
             row += last - first;
         }
         if (!n)
@@ -690,6 +718,7 @@ lmk_status lmk_cpu_rope(lmk_stream *s, const void *args)
 {
     const lmk_rope_args *a = args;
     rope_job j = {
+        .s = s,
         .isa = lmk_cpu_stream_isa(s),
         .dtype = a->dtype,
         .es = lmk_dtype_size(a->dtype),
