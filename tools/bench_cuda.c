@@ -178,10 +178,9 @@ static lmk_status copy_once(void *vctx)
  * `inner` back-to-back calls, replayed CEIL_REPS times): here each call is one device-to-device
  * copy, rotating among buffer sets. Timing one copy per event pair instead would charge each copy a launch gap that the
  * ops do not pay, and put the ceiling below what the ops reach. Copies above 64 MiB are timed
- * twice, whole and as 64 MiB cudaMemcpyAsync pieces, and the faster counts: on the H200 one
- * cudaMemcpyAsync of a few hundred MB ran at either ~4.2 or ~2.7 TB/s depending on the buffers
- * (not on the size alone: 528 MiB fast, 536 MiB slow, 435998720 bytes slow where 435 MiB was
- * fast), while 64 MiB pieces of the same copies ran at 4.03-4.07 every time (docs/bench.md). */
+ * twice, whole and as 64 MiB cudaMemcpyAsync pieces, and the faster counts: one large copy can
+ * take the copy engine's slow form depending on its buffers, where 64 MiB pieces of the same copy
+ * do not (docs/bench.md, "The ceiling"). */
 lmk_status bench_cuda_copy_ceiling(lmk_stream *s, int ordinal, size_t bytes, double *bytes_per_s)
 {
     static const char *const me = "bench_cuda_copy_ceiling";
@@ -192,9 +191,8 @@ lmk_status bench_cuda_copy_ceiling(lmk_stream *s, int ordinal, size_t bytes, dou
         return st;
     if (!bytes_per_s || bytes == 0)
         return tst_fail(LMK_ERR_INVALID_ARGUMENT, "%s: bytes_per_s must be set and bytes > 0", me);
-    /* Copy a whole number of 4 KiB pages: on the H200 a 100.9 MB copy ran at 2.7 TB/s when its size
-     * carried the 32 KB of a rope case's positions, against 4.0 TB/s for round sizes, which made
-     * ops "beat" their ceiling by 1.4x. The bandwidth is per byte, so the rounding costs nothing.
+    /* Copy a whole number of 4 KiB pages: an odd-sized copy can take the copy engine's slow form
+     * and let ops "beat" their ceiling. The bandwidth is per byte, so the rounding costs nothing.
      * (Round sizes can hit the same slow form: the 64 MiB pieces below are what avoid it.) */
     if (bytes >= ((size_t)1 << 20))
         bytes &= ~(size_t)4095;

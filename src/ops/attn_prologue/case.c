@@ -82,7 +82,7 @@ static bool multi_mode(lmk_rope_mode m)
 /* Qwen3-8B as an engine that ropes inside the QKV projection runs it: q and k in place, k also to
  * the cache. */
 #define QWEN3_IN_PLACE QWEN3, .q_in_place = true, .k_in_place = true, .k_out = true
-/* Powers of two: CUDA's x * (1/scale) path (docs/cuda_notes.md, attn_prologue). */
+/* Powers of two: CUDA's x * (1/scale) path (docs/cuda.md, "attn_prologue: f8 caches"). */
 #define F8_SCALES .cache_dtype = LMK_F8E4M3, .k_scale = 0.0625f, .v_scale = 0.125f
 /* Scales as a calibration gives them (amax / 448 of each tensor): no exact reciprocal. */
 #define F8_CALIBRATED .cache_dtype = LMK_F8E4M3, .k_scale = 0.0173f, .v_scale = 0.0291f
@@ -272,7 +272,7 @@ static void ap_random_case(tst_rng *r, tst_case *c)
 typedef struct bench_row {
     ap_case c;
     bool bf16_only;    /* f8 caches: what a bf16 model runs (no f32 model has one) */
-    bool prompt_only;  /* the earlier single case, kept so its figures in docs/ compare */
+    bool prompt_only;  /* prompt lengths only */
     const char *model; /* before " prompt" / " decode batch" */
     const char *note;  /* after it */
 } bench_row;
@@ -283,7 +283,7 @@ static const bench_row k_bench[] = {
     {{QWEN3_IN_PLACE, F8_SCALES}, true, false, "Qwen3-8B", ""},
     {{QWEN35, F8_SCALES}, true, false, "Qwen3.5/3.6-27B", ""},
     {{QWEN3_IN_PLACE, F8_CALIBRATED}, true, false, "Qwen3-8B", ", f8 cache, calibrated scales"},
-    {{QWEN3}, false, true, "Qwen3-8B", ", q out of place (the earlier case)"},
+    {{QWEN3}, false, true, "Qwen3-8B", ", q out of place"},
 };
 
 /* Per T and dtype at most 6 cases: Qwen3-8B (q, k in place and to the cache) and Qwen3.5/3.6-27B

@@ -31,15 +31,14 @@
  * is exact (a power-of-two scale: the same bits without a divide, f8_scaling). Outputs of a large
  * call whose rows are whole, aligned cache lines are written with streaming stores, and the next
  * token's rows are prefetched while a token is computed. Rows larger than FAST_DIM or with more
- * pairs than CHUNK take an element-wise path. docs/cpu_notes.md ("attn_prologue") has the
- * measurements.
+ * pairs than CHUNK take an element-wise path (docs/cpu.md, "attn_prologue").
  *
  * Angles: lmk_rope's own tables (src/ops/rope/rope_cpu.h: the factors, and lmk_cpu_sincos's
  * vector polynomials while every |theta| <= LMK_CPU_SINCOS_VECTOR_MAX), so at a given level both
  * ops give a (token, pair) the same m*cos and m*sin. On the row path the token's thetas go into the
  * row buffer (free between tokens, so no stack grows); the element-wise path (no buffer), the
- * scalar level and angles beyond the bound use libm. On Qwen3-8B bf16, libm's cos/sin had been a
- * third of a token's time (docs/cpu_notes.md).
+ * scalar level and angles beyond the bound use libm, whose cos/sin would be about a third of a
+ * token's time (docs/cpu.md, "Angles: lmk_cpu_sincos").
  *
  * Memory is fixed: per-pair tables for CHUNK pairs (larger rope_dim is processed chunk by chunk)
  * and on the row path one row and a buffer of the widened norm weights (q's and k's together, or
@@ -537,9 +536,8 @@ LMK_INLINE bool sum_ok(double ss)
 
 /* How a vector narrowing forms x / scale for an f8 destination: not at all for other dtypes and
  * for scale 1 (x / 1 is x); x * (1 / scale) when that inverse is exact (lmk_attn_prologue_exact_inverse: the two
- * are then the same real number, rounded once, so the bits are x / scale's); else the division.
- * With the bench's scales (1/16 for k, 1/8 for v) the divides had cost the f8-cache calls at
- * T = 4106 3-6% of their time (Qwen3-8B and Qwen3.5, 1 and 2 threads, docs/cpu_notes.md). */
+ * are then the same real number, rounded once, so the bits are x / scale's); else the division,
+ * which is a measurable part of an f8-cache call (docs/decisions.md). */
 enum { F8_NONE = 0, F8_MUL = 1, F8_DIV = 2 };
 
 LMK_INLINE int f8_scaling(lmk_dtype odt, const row_dest *d)
@@ -1021,7 +1019,7 @@ STEP_KERNEL LMK_TARGET_AVX2 double sumsq8_f64(lmk_dtype dt, const unsigned char 
 /* rf[i] = (float)(1 / sqrt(ss[i] / d + eps)), i < n, four at a time: IEEE divides and square roots
  * are correctly rounded in vector lanes as in scalar ones, so the bits of the scalar loop; a row
  * group's chains (two divides and a square root in double, ~45 cycles each) then share vector
- * units instead of queueing on the scalar divider (11% of a Qwen3-8B bf16 token's samples). */
+ * units instead of queueing on the scalar divider. */
 LMK_TARGET_AVX2 static void norm_factors8(const double *ss, size_t n, size_t d, double eps, float *rf)
 {
     const __m256d dv = _mm256_set1_pd((double)d), ev = _mm256_set1_pd(eps), one = _mm256_set1_pd(1.0);
@@ -1505,11 +1503,9 @@ LMK_INLINE void do_row(lmk_cpu_isa isa, bool direct_ok, bool eo, const lmk_rope_
     }
 }
 
-/* The same row of the next token, so that its lines arrive while this token is computed: cold
- * Qwen3-8B calls took 15-20% less CPU time with it (docs/cpu_notes.md). Into L2 (prefetcht1), not
- * L1: with Qwen3.5's rows (q out of q|gate; q_out, k_out and both caches streamed) a token spent
- * about half of its samples on these prefetches, and L2 prefetches took 6-12% off those calls at
- * 1 and 2 threads (Qwen3-8B unchanged). A token's rows stay in L2 until the next token reads them
+/* The same row of the next token, so that its lines arrive while this token is computed. Into L2
+ * (prefetcht1), not L1: with Qwen3.5's rows (q out of q|gate; q_out, k_out and both caches
+ * streamed) L1 prefetches cost more than they hide (docs/decisions.md). A token's rows stay in L2 until the next token reads them
  * (about 16 KB for Qwen3.5, in an L2 of MBs). Prefetches never fault, and the callers stop at the
  * thread's last token. */
 LMK_INLINE void prefetch_row(const unsigned char *p, size_t bytes)

@@ -201,7 +201,7 @@ static void repeat_random_case(tst_rng *r, tst_case *c)
     set_case(c, &rc, 0, "random");
 }
 
-/* lmk_repeat_tiled on the Gated DeltaNet shapes (lmk 0.1's cases), then lmk_repeat_heads reading
+/* lmk_repeat_tiled on the Gated DeltaNet shapes, then lmk_repeat_heads reading
  * its source out of a projection: Hugging Face's repeat_kv (block) on Llama-3.1-8B's k inside the
  * packed QKV, and the tiled broadcast of Qwen3.5's GDN q inside the convolution's q|k|v output.
  * Each has a row in k_rows at check sizes. */

@@ -9,9 +9,9 @@
  * (st.global.cs): at prefill sizes the output is far larger than L2, and keeping the written lines
  * from displacing the next source lines is what a streaming copy wants. Bytes moved are the least
  * possible, src once + dst once, so both are bound by DRAM bandwidth and are compared with a
- * device-to-device copy of the same byte count (docs/cuda_notes.md).
+ * device-to-device copy of the same byte count (docs/cuda.md, "repeat").
  *
- * 1. repeat_units_kernel (the tuned 0.1 kernel, unchanged): dense operands in which the output is
+ * 1. repeat_units_kernel: dense operands in which the output is
  *    a run of units, each a source unit of S bytes repeated rep times back to back. In the tiled
  *    layout a unit is one token's src block (hg*k elements: dst head i reads i % hg); in the block
  *    layout it is one source head row (k elements: dst heads g*rep .. g*rep+rep-1 all read head g).
@@ -49,7 +49,7 @@ constexpr int kUnroll = 4; /* words loaded before the first store: loads in flig
  * at most 32 registers in its 32-bit form: 8 blocks of 256 fill an H100/H200 SM (2048 threads). The
  * rows kernel needs 40 with 16-byte words (ptxas spilled 112 bytes under a 32-register cap), so 6
  * blocks of 256: 1536 threads with 4 loads of 16 bytes in flight each, 96 KB per SM, by estimate
- * (latency x bandwidth / SMs ~ 36 KB) more than DRAM latency needs. Not yet measured on a GPU. */
+ * (latency x bandwidth / SMs ~ 36 KB) more than DRAM latency needs. */
 constexpr int kUnitsBlocksPerSm = 8;
 constexpr int kRowsBlocksPerSm = 6;
 
