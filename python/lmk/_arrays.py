@@ -10,6 +10,7 @@ module, so NumPy in gives NumPy out and torch in gives torch out, on the caller'
 import ctypes
 
 from . import _lib
+from ._errors import LmkError, LmkTypeError
 
 # ---- DLPack structs (dlpack.h, versions 0.x and 1.x) ----
 
@@ -84,10 +85,10 @@ def device_of(obj, name):
             return CPU
         if dev.type == "cuda":
             return ("cuda", dev.index if dev.index is not None else 0)
-        raise TypeError("lmk: %s is on torch device %s; lmk runs on cpu and cuda tensors" % (name, dev))
+        raise LmkTypeError("lmk: %s is on torch device %s; lmk runs on cpu and cuda tensors" % (name, dev))
     if not hasattr(obj, "__dlpack_device__"):
-        raise TypeError("lmk: %s must be an array with __dlpack__ (NumPy, PyTorch, CuPy, JAX, ...), got %s"
-                        % (name, type(obj).__name__))
+        raise LmkTypeError("lmk: %s must be an array with __dlpack__ (NumPy, PyTorch, CuPy, JAX, ...), got %s"
+                           % (name, type(obj).__name__))
     dev_type, dev_id = obj.__dlpack_device__()
     return _device_key(int(dev_type), int(dev_id), name)
 
@@ -97,7 +98,7 @@ def _device_key(dev_type, dev_id, name):
         return CPU
     if dev_type in (_KDL_CUDA, _KDL_CUDA_MANAGED):
         return ("cuda", dev_id)
-    raise TypeError("lmk: %s is on DLPack device type %d; lmk runs on CPU and CUDA memory" % (name, dev_type))
+    raise LmkTypeError("lmk: %s is on DLPack device type %d; lmk runs on CPU and CUDA memory" % (name, dev_type))
 
 
 def device_str(dev):
@@ -120,15 +121,23 @@ class Array:
             _DELETER(deleter)(self._managed)
 
     def is_contiguous(self):
-        """Dense row-major, strides of axes of length 1 ignored (lmk.h's rule)."""
+        """Dense row-major, strides of axes of length 1 ignored (lmk.h's rule). An array without elements is
+        dense whatever its strides: it spans no memory, so it is wrapped as 0 bytes."""
+        if 0 in self.shape:
+            return True
         expect = 1
         for n, s in zip(reversed(self.shape), reversed(self.strides)):
-            if n == 0:
-                return True
             if n != 1 and s != expect:
                 return False
             expect *= n
         return True
+
+    def reshape_view(self, shape, strides):
+        """The same memory seen with another shape and element strides (a paged cache as rows, Hugging Face's
+        conv1d.weight [C, 1, W] as [C, W]); the caller derives them from this array's own."""
+        self.shape = tuple(shape)
+        self.strides = tuple(strides)
+        return self
 
     def numel(self):
         n = 1
@@ -156,8 +165,8 @@ def _lmk_dtype(found, itemsize, raw, name, what):
         return found
     if raw and itemsize in _RAW_BY_SIZE:
         return _RAW_BY_SIZE[itemsize]
-    raise TypeError("lmk: %s has dtype %s, which lmk does not take (f32, f16, bf16, u8, u16, u32, i32, i64, "
-                    "f8e4m3)" % (name, what))
+    raise LmkTypeError("lmk: %s has dtype %s, which lmk does not take (f32, f16, bf16, u8, u16, u32, i32, i64, "
+                       "f8e4m3)" % (name, what))
 
 
 def _from_torch(t, name, raw):
@@ -180,13 +189,13 @@ def _export(obj, name, stream):
     except TypeError:
         return obj.__dlpack__(**kwargs)
     except BufferError as e:
-        raise ValueError("lmk: %s cannot be exported through DLPack: %s" % (name, e)) from e
+        raise LmkError("lmk: %s cannot be exported through DLPack: %s" % (name, e)) from e
 
 
 def _from_dlpack(obj, name, raw, stream):
     if not hasattr(obj, "__dlpack__"):
-        raise TypeError("lmk: %s must be an array with __dlpack__ (NumPy, PyTorch, CuPy, JAX, ...), got %s"
-                        % (name, type(obj).__name__))
+        raise LmkTypeError("lmk: %s must be an array with __dlpack__ (NumPy, PyTorch, CuPy, JAX, ...), got %s"
+                           % (name, type(obj).__name__))
     cap = _export(obj, name, stream)
     a = Array(name)
     if _py.PyCapsule_IsValid(cap, _NAME_V):
@@ -200,7 +209,7 @@ def _from_dlpack(obj, name, raw, stream):
         _py.PyCapsule_SetName(cap, _USED)
         flags = 0
     else:
-        raise TypeError("lmk: %s.__dlpack__() did not return a DLPack capsule" % name)
+        raise LmkTypeError("lmk: %s.__dlpack__() did not return a DLPack capsule" % name)
     a._managed, a._deleter = ptr, m.deleter
     try:
         _fill_from_dltensor(a, m.dl_tensor, flags, raw)
@@ -214,9 +223,9 @@ def _fill_from_dltensor(a, t, flags, raw):
     name = a.name
     a.device = _device_key(t.device.device_type, t.device.device_id, name)
     if t.dtype.lanes != 1:
-        raise TypeError("lmk: %s has %d-lane vector elements; lmk takes scalars" % (name, t.dtype.lanes))
+        raise LmkTypeError("lmk: %s has %d-lane vector elements; lmk takes scalars" % (name, t.dtype.lanes))
     if t.dtype.bits % 8:
-        raise TypeError("lmk: %s has %d-bit elements; lmk takes whole bytes" % (name, t.dtype.bits))
+        raise LmkTypeError("lmk: %s has %d-bit elements; lmk takes whole bytes" % (name, t.dtype.bits))
     a.itemsize = t.dtype.bits // 8
     a.dtype = _lmk_dtype(_DL_DTYPES.get((t.dtype.code, t.dtype.bits)), a.itemsize, raw, name,
                          "DLPack (code %d, %d bits)" % (t.dtype.code, t.dtype.bits))
@@ -260,7 +269,8 @@ def empty_like_shape(like, shape):
     if hasattr(like, "__array_namespace__"):  # JAX and other array-API libraries
         xp = like.__array_namespace__()
         return xp.empty(tuple(shape), dtype=like.dtype, device=like.device)
-    raise TypeError("lmk: cannot allocate a result like a %s (no __array_namespace__): pass out=" % type(like).__name__)
+    raise LmkTypeError("lmk: cannot allocate a result like a %s (no __array_namespace__): pass out="
+                       % type(like).__name__)
 
 
 def append_first_row(x):
@@ -278,5 +288,5 @@ def append_first_row(x):
             return cupy.concatenate([x, x[:1]], axis=0)
     if hasattr(x, "__array_namespace__"):
         return x.__array_namespace__().concat([x, x[:1]], axis=0)
-    raise TypeError("lmk: positions of shape (3, T) need a copy, and %s has no __array_namespace__: pass (4, T)"
-                    % type(x).__name__)
+    raise LmkTypeError("lmk: positions of shape (3, T) need a copy, and %s has no __array_namespace__: pass (4, T)"
+                       % type(x).__name__)

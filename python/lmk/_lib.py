@@ -3,8 +3,10 @@
 The library is found by absolute path, so nothing depends on the loader's search path: the file named by
 the environment variable LMK_LIBRARY (development: a build directory's liblmk.so), else the liblmk.so that
 `pip install` put next to this file. Each declaration mirrors include/lmk.h (and include/lmk_cuda.h for
-lmk_stream_wrap_cuda, which exists only in CUDA builds). lmk_attn_prologue is bound when the library has
-it and is None otherwise, so lmk.attn_prologue can say so instead of failing at import.
+lmk_stream_wrap_cuda, which exists only in CUDA builds). lmk_attn_prologue, lmk_causal_conv1d and
+lmk_gated_delta_rule are bound when the library has them and are None otherwise, so their entry points can
+say so instead of the import failing. The structs' field order and types are lmk.h's exactly (a test compiles
+lmk.h and compares every offset).
 """
 import ctypes
 import os
@@ -74,6 +76,30 @@ class AttnPrologueIO(ctypes.Structure):
                 ("k_scale", ctypes.c_float), ("v_scale", ctypes.c_float)]
 
 
+ACT_NONE, ACT_SILU = 0, 1   # lmk_activation
+GDN_NO_L2NORM = 1           # lmk_gdn_params.flags
+
+
+class CausalConv1dParams(ctypes.Structure):
+    """lmk_causal_conv1d_params."""
+    _fields_ = [("seq_len", ctypes.c_uint32), ("channels", ctypes.c_uint32), ("width", ctypes.c_uint32),
+                ("activation", ctypes.c_int)]
+
+
+class GdnIO(ctypes.Structure):
+    """lmk_gdn_io: every pointer is an lmk_buffer * or NULL."""
+    _fields_ = [("q", c_void_p), ("k", c_void_p), ("v", c_void_p), ("a", c_void_p), ("b", c_void_p),
+                ("A_log", c_void_p), ("dt_bias", c_void_p), ("cu_seqlens", c_void_p), ("state_slots", c_void_p),
+                ("state", c_void_p), ("z", c_void_p), ("norm_w", c_void_p), ("out", c_void_p)]
+
+
+class GdnParams(ctypes.Structure):
+    """lmk_gdn_params, with lmk_rms_norm_params embedded."""
+    _fields_ = [("seq_len", ctypes.c_uint32), ("n_k_heads", ctypes.c_uint32), ("n_v_heads", ctypes.c_uint32),
+                ("k_dim", ctypes.c_uint32), ("v_dim", ctypes.c_uint32), ("head_map", ctypes.c_int),
+                ("scale", ctypes.c_float), ("flags", ctypes.c_uint32), ("norm", RmsNormParams)]
+
+
 def _declare(name, restype, argtypes, required=True):
     fn = getattr(lib, name, None)
     if fn is None:
@@ -117,3 +143,8 @@ repeat_heads = _declare("lmk_repeat_heads", c_status,
 attn_prologue = _declare("lmk_attn_prologue", c_status,
                          [c_void_p, ctypes.POINTER(AttnPrologueIO), ctypes.POINTER(RopeParams),
                           ctypes.POINTER(RmsNormParams)], required=False)
+causal_conv1d = _declare("lmk_causal_conv1d", c_status,
+                         [c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
+                          ctypes.POINTER(CausalConv1dParams)], required=False)
+gated_delta_rule = _declare("lmk_gated_delta_rule", c_status,
+                            [c_void_p, ctypes.POINTER(GdnIO), ctypes.POINTER(GdnParams)], required=False)

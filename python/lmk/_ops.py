@@ -1,21 +1,29 @@
-"""_ops.py - the Python entry points of lmk's ops: rope, repeat_heads, attn_prologue, and the library facts.
+"""_ops.py - the Python entry points of lmk's ops: rope, repeat_heads, attn_prologue, causal_conv1d,
+gated_delta_rule, and the library facts.
 
-Each op reads its arguments (Python-side rules raise ValueError/TypeError naming the argument), allocates the
-outputs the caller did not pass with the caller's own library, wraps every array without copying, and makes
-one C call; liblmk validates everything else and a failure raises LmkError with its message. Nothing the
-caller passed is written before the C call, and liblmk writes nothing on a rejected call (lmk.h), so a
-failing call leaves every array unchanged.
+Each op reads its arguments, checks in Python what only Python knows (keywords and their types, and the
+logical shape of every activation, output, cache and state: the C API counts a dense buffer's elements, so
+an array of the right size but the wrong shape would otherwise pass), allocates the outputs the caller did
+not pass with the caller's own library, wraps every array without copying, and makes one C call; liblmk
+validates everything else. Every failure raises LmkError (a ValueError; LmkTypeError, also a TypeError, for
+arguments of the wrong type) naming the op and the argument. Nothing the caller passed is written before the
+C call, and liblmk writes nothing on a rejected call (lmk.h), so a failing call leaves every array unchanged.
+A call on zero tokens (T = 0) checks its arguments and returns its empty outputs without calling liblmk,
+whose ops take T >= 1: there is nothing to compute and no state changes.
 """
 import ctypes
 import operator
 
 from . import _arrays, _lib
-from ._runtime import Call, LmkError, check, device
+from ._errors import LmkError, LmkTypeError
+from ._runtime import Call, check, device
 
 _MODES = {"normal": 0, "neox": 2, "mrope": 8, "imrope": 40, "vision": 24}
 _MULTI = (8, 40, 24)
 _PAIRINGS = {"half_rope": 0, "half_head": 1}
 _LAYOUTS = {"tiled": 0, "block": 1}
+_ACTIVATIONS = {"none": _lib.ACT_NONE, "silu": _lib.ACT_SILU}
+_NOT_NUMBERS = (str, bytes, bytearray)
 ROPE_KWARGS = ("rope_dim", "freq_base", "mode", "sections", "pairing", "freq_scale", "ext_factor", "attn_factor",
                "beta_fast", "beta_slow", "n_ctx_orig", "freq_factors")
 _torch_ops_error = None
@@ -54,42 +62,86 @@ def _choice(op, name, value, table):
             return v
     names = ", ".join("%r" % k for k in table)
     nums = ", ".join(str(v) for v in table.values())
-    raise ValueError("lmk.%s: %s must be one of %s (or %s), got %r" % (op, name, names, nums, value))
+    raise LmkError("lmk.%s: %s must be one of %s (or %s), got %r" % (op, name, names, nums, value))
 
 
 def _u32(op, name, value):
     try:
         v = operator.index(value)
     except TypeError:
-        raise TypeError("lmk.%s: %s must be an integer, got %r" % (op, name, value)) from None
+        raise LmkTypeError("lmk.%s: %s must be an integer, got %r" % (op, name, value)) from None
     if not 0 <= v < 2 ** 32:
-        raise ValueError("lmk.%s: %s must be in [0, 2^32), got %d" % (op, name, v))
+        raise LmkError("lmk.%s: %s must be in [0, 2^32), got %d" % (op, name, v))
     return v
 
 
 def _float(op, name, value):
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise TypeError("lmk.%s: %s must be a number, got %r" % (op, name, value)) from None
+    """A number as a Python float. Strings are not numbers, although float() would parse them."""
+    if not isinstance(value, _NOT_NUMBERS):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    raise LmkTypeError("lmk.%s: %s must be a number, got %r" % (op, name, value))
 
 
-def _sections(op, sections):
-    if sections is None:
-        return [0, 0, 0, 0]
+def _bool(op, name, value):
+    """True or False: a bool, a NumPy bool scalar, or the integer 0 or 1. Anything else (a string such as
+    "False", which Python would read as true) is rejected."""
+    if isinstance(value, bool):
+        return value
+    if getattr(getattr(value, "dtype", None), "kind", None) == "b" and getattr(value, "shape", None) == ():
+        return bool(value)
     try:
-        s = [_u32(op, "sections", v) for v in sections]
+        v = operator.index(value)
     except TypeError:
-        raise TypeError("lmk.%s: sections must be a list of up to 4 integers, got %r" % (op, sections)) from None
-    if not 1 <= len(s) <= 4:
-        raise ValueError("lmk.%s: sections must have 1 to 4 entries (missing ones are 0), got %r" % (op, sections))
+        v = None
+    if v in (0, 1):
+        return bool(v)
+    raise LmkTypeError("lmk.%s: %s must be True or False, got %r" % (op, name, value))
+
+
+def _sections(op, sections, mode):
+    """lmk_rope_params.sections. The multi modes read each pair's position axis from them, so they need
+    them: without sections every pair would read the fourth (e) axis."""
+    if sections is None:
+        s = []
+    else:
+        try:
+            s = [_u32(op, "sections", v) for v in sections]
+        except TypeError:
+            raise LmkTypeError("lmk.%s: sections must be a list of up to 4 integers, got %r"
+                               % (op, sections)) from None
+        if not 1 <= len(s) <= 4:
+            raise LmkError("lmk.%s: sections must have 1 to 4 entries (missing ones are 0), got %r"
+                           % (op, sections))
+    if mode in _MULTI and not any(s):
+        name = {v: k for k, v in _MODES.items()}[mode]
+        raise LmkError("lmk.%s: mode %r needs sections (the t, h, w[, e] section sizes in pairs, e.g. "
+                       "[11, 11, 10] for Qwen3.5), got %r" % (op, name, sections))
     return s + [0] * (4 - len(s))
+
+
+def _fmt(shape):
+    return "(%s)" % ", ".join(str(n) for n in shape)
 
 
 def _shape3(op, name, a):
     if len(a.shape) != 3:
-        raise ValueError("lmk.%s: %s must be 3-D [T, heads, head_dim], got shape %s" % (op, name, a.shape))
+        raise LmkError("lmk.%s: %s must be 3-D [T, heads, head_dim], got shape %s" % (op, name, _fmt(a.shape)))
     return a.shape
+
+
+def _expect(op, name, a, shape, what):
+    """a's shape must be exactly `shape` (what: where that shape comes from, for the message)."""
+    if tuple(a.shape) != tuple(shape):
+        raise LmkError("lmk.%s: %s must have shape %s (%s), got %s" % (op, name, _fmt(shape), what,
+                                                                      _fmt(a.shape)))
+
+
+def _require(op, fn):
+    if fn is None:
+        raise LmkError("this liblmk has no %s (%s)" % (op, _lib.LIBRARY_PATH), "LMK_ERR_UNSUPPORTED")
 
 
 def rope_params(op, T, H, D, Hk, rope_dim=None, freq_base=10000.0, mode="neox", sections=None,
@@ -102,7 +154,7 @@ def rope_params(op, T, H, D, Hk, rope_dim=None, freq_base=10000.0, mode="neox", 
     p.rope_dim = p.head_dim if rope_dim is None else _u32(op, "rope_dim", rope_dim)
     p.freq_base = _float(op, "freq_base", freq_base)
     p.mode = _choice(op, "mode", mode, _MODES)
-    p.sections[:] = _sections(op, sections)
+    p.sections[:] = _sections(op, sections, p.mode)
     p.pairing = _choice(op, "pairing", pairing, _PAIRINGS)
     p.freq_scale, p.ext_factor = _float(op, "freq_scale", freq_scale), _float(op, "ext_factor", ext_factor)
     p.attn_factor = _float(op, "attn_factor", attn_factor)
@@ -117,14 +169,15 @@ def _positions(call, positions, mode, T):
     shape = tuple(getattr(positions, "shape", ()))
     if mode in _MULTI and len(shape) == 2 and shape[0] == 3 and shape[1] == T:
         positions = _arrays.append_first_row(positions)
-    a = call.read(positions, "positions")
-    return call.buffer(a, dense=True), positions
+    return call.read(positions, "positions"), positions
 
 
-def _optional_buffer(call, obj, name, dense=True):
-    if obj is None:
-        return None
-    return call.buffer(call.read(obj, name), dense=dense)
+def _read_optional(call, obj, name, **kw):
+    return None if obj is None else call.read(obj, name, **kw)
+
+
+def _buffer_or_null(call, a, **kw):
+    return None if a is None else call.buffer(a, **kw)
 
 
 def rope(q, positions, *, k=None, rope_dim=None, freq_base=10000.0, mode="neox", sections=None,
@@ -133,12 +186,13 @@ def rope(q, positions, *, k=None, rope_dim=None, freq_base=10000.0, mode="neox",
     """Rotary position embedding of q [T, H, D] (and k [T, Hk, D]) by lmk_rope; include/lmk.h has the formulas.
 
     positions: T entries (normal, neox) or, for mrope/imrope/vision, (4, T), 4*T or Hugging Face's (3, T);
-    int32, uint32 or int64. mode: "normal", "neox", "mrope", "imrope", "vision" (or 0, 2, 8, 40, 24).
-    rope_dim None: head_dim. sections: up to 4 section sizes (t, h, w, e; missing ones are 0). pairing:
-    "half_rope" (Hugging Face) or "half_head". Scaling fields as lmk.h (0 means its default). freq_factors:
-    f32 [rope_dim/2] or None. out / k_out: arrays to write (q / k themselves for in place); None allocates
-    them like q / k. q, k, out and k_out may be strided views whose last axis has stride 1 (e.g. q of a
-    [q | gate] projection); they are used in place, without copies. Returns q_out, or (q_out, k_out) with k.
+    int32, uint32 or int64. mode: "normal", "neox", "mrope", "imrope", "vision" (or 0, 2, 8, 40, 24); the
+    last three need sections: up to 4 section sizes (t, h, w, e; missing ones are 0). rope_dim None:
+    head_dim. pairing: "half_rope" (Hugging Face) or "half_head". Scaling fields as lmk.h (0 means its
+    default). freq_factors: f32 [rope_dim/2] or None. out / k_out: arrays of q's / k's shape to write (q / k
+    themselves for in place); None allocates them like q / k. q, k, out and k_out may be strided views whose
+    last axis has stride 1 (e.g. q of a [q | gate] projection); they are used in place, without copies.
+    Returns q_out, or (q_out, k_out) with k.
     """
     forms = _torch_forms(q)
     if forms:
@@ -147,25 +201,32 @@ def rope(q, positions, *, k=None, rope_dim=None, freq_base=10000.0, mode="neox",
                           beta_fast=beta_fast, beta_slow=beta_slow, n_ctx_orig=n_ctx_orig,
                           freq_factors=freq_factors, out=out, k_out=k_out)
     if k is None and k_out is not None:
-        raise ValueError("lmk.rope: k_out was given without k")
-    with Call("rope", q, "q") as call:
+        raise LmkError("lmk.rope: k_out was given without k")
+    op = "rope"
+    with Call(op, q, "q") as call:
         qa = call.read(q, "q")
-        ka = call.read(k, "k") if k is not None else None
-        T, H, D = _shape3("rope", "q", qa)
-        Hk = _shape3("rope", "k", ka)[1] if k is not None else 0
-        p = rope_params("rope", T, H, D, Hk, rope_dim, freq_base, mode, sections, pairing, freq_scale, ext_factor,
+        T, H, D = _shape3(op, "q", qa)
+        ka = _read_optional(call, k, "k")
+        Hk = _shape3(op, "k", ka)[1] if k is not None else 0
+        if k is not None:
+            _expect(op, "k", ka, (T, Hk, D), "q's T and head_dim")
+        p = rope_params(op, T, H, D, Hk, rope_dim, freq_base, mode, sections, pairing, freq_scale, ext_factor,
                         attn_factor, beta_fast, beta_slow, n_ctx_orig)
         if out is None:
             out = _arrays.empty_like_shape(q, (T, H, D))
         if k is not None and k_out is None:
             k_out = _arrays.empty_like_shape(k, (T, Hk, D))
-        qb = call.buffer(qa)
-        kb = call.buffer(ka) if k is not None else None
-        pb, _keep = _positions(call, positions, p.mode, T)
-        ffb = _optional_buffer(call, freq_factors, "freq_factors")
-        ob = call.buffer(call.read(out, "out", writable=True))
-        kob = call.buffer(call.read(k_out, "k_out", writable=True)) if k is not None else None
-        call.run(_lib.rope, qb, kb, pb, ffb, ob, kob, ctypes.byref(p))
+        pa, _keep = _positions(call, positions, p.mode, T)
+        ffa = _read_optional(call, freq_factors, "freq_factors")
+        oa = call.read(out, "out", writable=True)
+        _expect(op, "out", oa, (T, H, D), "q's [T, heads, head_dim]")
+        koa = _read_optional(call, k_out, "k_out", writable=True)
+        if k is not None:
+            _expect(op, "k_out", koa, (T, Hk, D), "k's [T, heads, head_dim]")
+        if T:
+            call.run(_lib.rope, call.buffer(qa), _buffer_or_null(call, ka), call.buffer(pa, dense=True),
+                     _buffer_or_null(call, ffa, dense=True), call.buffer(oa), _buffer_or_null(call, koa),
+                     ctypes.byref(p))
     return out if k is None else (out, k_out)
 
 
@@ -173,40 +234,45 @@ def repeat_heads(x, h, *, layout="tiled", out=None):
     """GQA head broadcast x [T, Hg, K] -> [T, h, K] by lmk_repeat_heads, a bit-exact copy of any element size.
 
     layout "tiled": head i reads x head i % Hg (GGUF / llama.cpp); "block": i // (h // Hg) (Hugging Face
-    repeat_interleave / repeat_kv). out: an array to write; None allocates one like x. x and out may be
-    strided views whose last axis has stride 1.
+    repeat_interleave / repeat_kv). out: an array of shape [T, h, K] to write; None allocates one like x. x
+    and out may be strided views whose last axis has stride 1.
     """
     forms = _torch_forms(x)
     if forms:
         return forms.repeat_heads(x, h, layout=layout, out=out)
-    lay = _choice("repeat_heads", "layout", layout, _LAYOUTS)
-    with Call("repeat_heads", x, "x") as call:
+    op = "repeat_heads"
+    lay = _choice(op, "layout", layout, _LAYOUTS)
+    with Call(op, x, "x") as call:
         xa = call.read(x, "x", raw=True)
-        T, Hg, K = _shape3("repeat_heads", "x", xa)
-        p = _lib.RepeatHeadsParams(_u32("repeat_heads", "T", T), _u32("repeat_heads", "Hg", Hg),
-                                   _u32("repeat_heads", "h", h), _u32("repeat_heads", "K", K), lay)
+        T, Hg, K = _shape3(op, "x", xa)
+        p = _lib.RepeatHeadsParams(_u32(op, "T", T), _u32(op, "Hg", Hg), _u32(op, "h", h), _u32(op, "K", K), lay)
         if out is None:
             out = _arrays.empty_like_shape(x, (T, p.h, K))
-        xb = call.buffer(xa)
-        ob = call.buffer(call.read(out, "out", raw=True, writable=True))
-        call.run(_lib.repeat_heads, xb, ob, ctypes.byref(p))
+        oa = call.read(out, "out", raw=True, writable=True)
+        _expect(op, "out", oa, (T, p.h, K), "[T, h, K] of x and h")
+        if T:
+            call.run(_lib.repeat_heads, call.buffer(xa), call.buffer(oa), ctypes.byref(p))
     return out
 
 
-def _cache_rows(op, name, a):
+def _cache_rows(op, name, a, Hk, D):
     """A KV cache as rows [n_slots, Hk, D]: a paged [n_blocks, block_size, Hk, D] whose first two axes merge
-    (block stride = block_size * row stride) is viewed as [n_blocks * block_size, Hk, D]."""
+    (block stride = block_size * row stride) is viewed as [n_blocks * block_size, Hk, D]. Its rows must be
+    [Hk, D] (D None: v's head size is unknown without v, and lmk reports that)."""
     if len(a.shape) == 4:
         nb, bs, hk, d = a.shape
         sb, ss = a.strides[0], a.strides[1]
         if nb > 1 and bs > 1 and sb != bs * ss:
-            raise ValueError("lmk.%s: %s [n_blocks, block_size, Hk, D] has strides %s: its blocks are not rows of "
-                             "one stride, so it cannot be viewed as [n_slots, Hk, D]" % (op, name, a.strides))
-        a.shape = (nb * bs, hk, d)
-        a.strides = (ss if bs > 1 else sb, a.strides[2], a.strides[3])
+            raise LmkError("lmk.%s: %s [n_blocks, block_size, Hk, D] has strides %s: its blocks are not rows of "
+                           "one stride, so it cannot be viewed as [n_slots, Hk, D]" % (op, name, a.strides))
+        a.reshape_view((nb * bs, hk, d), (ss if bs > 1 else sb, a.strides[2], a.strides[3]))
     elif len(a.shape) != 3:
-        raise ValueError("lmk.%s: %s must be [n_slots, Hk, D] or [n_blocks, block_size, Hk, D], got shape %s"
-                         % (op, name, a.shape))
+        raise LmkError("lmk.%s: %s must be [n_slots, Hk, D] or [n_blocks, block_size, Hk, D], got shape %s"
+                       % (op, name, _fmt(a.shape)))
+    want = (Hk, a.shape[2] if D is None else D)
+    if tuple(a.shape[1:]) != want:
+        raise LmkError("lmk.%s: %s rows must be [Hk, D] = [%d, %s] (k's heads and the head size), got shape %s"
+                       % (op, name, Hk, "D" if D is None else D, _fmt(a.shape)))
     return a
 
 
@@ -217,12 +283,13 @@ def attn_prologue(q, k, positions, *, v=None, q_norm_w=None, k_norm_w=None, eps=
     k_norm_w [D], scaled by weight + weight_offset; None skips that norm), rope (rope_kwargs as lmk.rope),
     then k (and v) stored into k_cache / v_cache rows `slots` (stored = x / scale for f8 caches).
 
-    Caches are [n_slots, Hk, D] or paged [n_blocks, block_size, Hk, D], strided views allowed. q_out None
-    allocates one; k_out None allocates one unless k_cache is given (then k goes only to the cache and None
-    is returned); pass k_out (or k itself, for in place) to get both. Returns (q_out, k_out or None).
+    q [T, H, D], k [T, Hk, D], v [T, Hk, Dv]. Caches are [n_slots, Hk, D] (v_cache: Dv) or paged
+    [n_blocks, block_size, Hk, D], strided views allowed. q_out None allocates one; k_out None allocates
+    one unless k_cache is given (then k goes only to the cache and None is returned); pass k_out (or k
+    itself, for in place) to get both. Returns (q_out, k_out or None).
     """
-    if _lib.attn_prologue is None:
-        raise LmkError("this liblmk has no attn_prologue (%s)" % _lib.LIBRARY_PATH, "LMK_ERR_UNSUPPORTED")
+    op = "attn_prologue"
+    _require(op, _lib.attn_prologue)
     forms = _torch_forms(q)
     if forms:
         return forms.attn_prologue(q, k, positions, v=v, q_norm_w=q_norm_w, k_norm_w=k_norm_w, eps=eps,
@@ -230,38 +297,189 @@ def attn_prologue(q, k, positions, *, v=None, q_norm_w=None, k_norm_w=None, eps=
                                    k_scale=k_scale, v_scale=v_scale, q_out=q_out, k_out=k_out, **rope_kwargs)
     unknown = sorted(set(rope_kwargs) - set(ROPE_KWARGS))
     if unknown:
-        raise TypeError("lmk.attn_prologue: unexpected keyword argument(s) %s" % ", ".join(unknown))
+        raise LmkTypeError("lmk.attn_prologue: unexpected keyword argument(s) %s" % ", ".join(unknown))
     freq_factors = rope_kwargs.pop("freq_factors", None)
     if v is not None and v_cache is None:
-        raise ValueError("lmk.attn_prologue: v needs v_cache")
-    op = "attn_prologue"
+        raise LmkError("lmk.attn_prologue: v needs v_cache")
     with Call(op, q, "q") as call:
         qa, ka = call.read(q, "q"), call.read(k, "k")
         T, H, D = _shape3(op, "q", qa)
         Hk = _shape3(op, "k", ka)[1]
+        _expect(op, "k", ka, (T, Hk, D), "q's T and head_dim")
+        va = _read_optional(call, v, "v")
+        Dv = None
+        if v is not None:
+            Dv = _shape3(op, "v", va)[2]
+            _expect(op, "v", va, (T, Hk, Dv), "k's T and heads")
         p = rope_params(op, T, H, D, Hk, **rope_kwargs)
         norm = _lib.RmsNormParams(_float(op, "eps", eps), _float(op, "weight_offset", weight_offset))
+        scales = _float(op, "k_scale", k_scale), _float(op, "v_scale", v_scale)
         if q_out is None:
             q_out = _arrays.empty_like_shape(q, (T, H, D))
         if k_out is None and k_cache is None:
             k_out = _arrays.empty_like_shape(k, (T, Hk, D))
+        weights = [_read_optional(call, w, n) for n, w in (("q_norm_w", q_norm_w), ("k_norm_w", k_norm_w))]
+        pa, _keep = _positions(call, positions, p.mode, T)
+        ffa = _read_optional(call, freq_factors, "freq_factors")
+        sla = _read_optional(call, slots, "slots")
+        qoa = call.read(q_out, "q_out", writable=True)
+        _expect(op, "q_out", qoa, (T, H, D), "q's [T, heads, head_dim]")
+        koa = _read_optional(call, k_out, "k_out", writable=True)
+        if k_out is not None:
+            _expect(op, "k_out", koa, (T, Hk, D), "k's [T, heads, head_dim]")
+        caches = [None if c is None else _cache_rows(op, n, call.read(c, n, writable=True), Hk, d)
+                  for n, c, d in (("k_cache", k_cache, D), ("v_cache", v_cache, Dv))]
+        if not T:
+            return q_out, k_out
         io = _lib.AttnPrologueIO()
-        io.q_in, io.k_in = call.buffer(qa), call.buffer(ka)
-        io.v_in = call.buffer(call.read(v, "v")) if v is not None else None
-        io.q_norm_w = _optional_buffer(call, q_norm_w, "q_norm_w")
-        io.k_norm_w = _optional_buffer(call, k_norm_w, "k_norm_w")
-        io.positions, _keep = _positions(call, positions, p.mode, T)
-        io.freq_factors = _optional_buffer(call, freq_factors, "freq_factors")
-        io.slots = _optional_buffer(call, slots, "slots")
-        io.q_out = call.buffer(call.read(q_out, "q_out", writable=True))
-        io.k_out = call.buffer(call.read(k_out, "k_out", writable=True)) if k_out is not None else None
-        for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-            if cache is not None:
-                a = _cache_rows(op, name, call.read(cache, name, raw=False, writable=True))
-                setattr(io, name, call.buffer(a))
-        io.k_scale, io.v_scale = _float(op, "k_scale", k_scale), _float(op, "v_scale", v_scale)
+        io.q_in, io.k_in, io.v_in = call.buffer(qa), call.buffer(ka), _buffer_or_null(call, va)
+        io.q_norm_w, io.k_norm_w = [_buffer_or_null(call, w, dense=True) for w in weights]
+        io.positions = call.buffer(pa, dense=True)
+        io.freq_factors = _buffer_or_null(call, ffa, dense=True)
+        io.slots = _buffer_or_null(call, sla, dense=True)
+        io.q_out, io.k_out = call.buffer(qoa), _buffer_or_null(call, koa)
+        io.k_cache, io.v_cache = [_buffer_or_null(call, c) for c in caches]
+        io.k_scale, io.v_scale = scales
         call.run(_lib.attn_prologue, ctypes.byref(io), ctypes.byref(p), ctypes.byref(norm))
     return q_out, k_out
+
+
+def _conv_weight(op, a, C):
+    """The conv weight as [C, W]: Hugging Face's conv1d.weight [C, 1, W] is viewed without its middle axis.
+    Returns W, which only the weight's shape gives."""
+    if len(a.shape) == 3 and a.shape[1] == 1:
+        a.reshape_view((a.shape[0], a.shape[2]), (a.strides[0], a.strides[2]))
+    if len(a.shape) != 2 or a.shape[0] != C:
+        raise LmkError("lmk.%s: weight must be [C, W] or Hugging Face's conv1d.weight [C, 1, W] with C = %d "
+                       "(x's channels), got shape %s" % (op, C, _fmt(a.shape)))
+    return a.shape[1]
+
+
+def causal_conv1d(x, weight, *, bias=None, activation="silu", cu_seqlens=None, state=None, state_slots=None,
+                  out=None):
+    """The depthwise causal convolution of the Gated DeltaNet layer, with its state, by lmk_causal_conv1d
+    (include/lmk.h "causal_conv1d" has the formula): out[t, c] = act(bias[c] + sum_j weight[c, j] *
+    xx[t - (W-1) + j, c]), xx being each sequence's tokens after its W-1 state rows.
+
+    x [T, C] f32 / bf16 / f16 (token stride free: a column slice of a wider projection works). weight
+    [C, W] or Hugging Face's conv1d.weight [C, 1, W] (W 2..8); bias [C] or None. activation "silu" or
+    "none" (None too). cu_seqlens: [n_seq + 1] int32/int64 offsets of the sequences packed along T, None
+    for one sequence. state: the conv state pool [n_slots, W-1, C] of x's dtype, any strides, read and
+    updated in place (None: zeros, nothing stored); Hugging Face's cache [B, C, W-1] is passed as the view
+    `cache.transpose(1, 2)` (NumPy: `cache.transpose(0, 2, 1)`), so it is updated where it lies.
+    state_slots: [n_seq] int32/int64 pool rows (None: sequence s uses row s; a negative or out-of-range slot
+    starts from zeros and stores nothing). out: an array of x's shape to write (x itself for in place);
+    None allocates one like x. Returns out.
+    """
+    op = "causal_conv1d"
+    _require(op, _lib.causal_conv1d)
+    forms = _torch_forms(x)
+    if forms:
+        return forms.causal_conv1d(x, weight, bias=bias, activation=activation, cu_seqlens=cu_seqlens,
+                                   state=state, state_slots=state_slots, out=out)
+    act = _choice(op, "activation", "none" if activation is None else activation, _ACTIVATIONS)
+    with Call(op, x, "x") as call:
+        xa = call.read(x, "x")
+        if len(xa.shape) != 2:
+            raise LmkError("lmk.%s: x must be 2-D [T, C], got shape %s" % (op, _fmt(xa.shape)))
+        T, C = xa.shape
+        wa = call.read(weight, "weight")
+        W = _conv_weight(op, wa, C)
+        p = _lib.CausalConv1dParams(_u32(op, "T", T), _u32(op, "C", C), _u32(op, "W", W), act)
+        ba = _read_optional(call, bias, "bias")
+        cua = _read_optional(call, cu_seqlens, "cu_seqlens")
+        sla = _read_optional(call, state_slots, "state_slots")
+        sta = _read_optional(call, state, "state", writable=True)
+        if state is not None and (len(sta.shape) != 3 or tuple(sta.shape[1:]) != (W - 1, C)):
+            raise LmkError("lmk.%s: state must be [n_slots, W-1, C] = [n_slots, %d, %d], got shape %s (Hugging "
+                           "Face's [B, C, W-1] conv cache is passed as cache.transpose(1, 2))"
+                           % (op, W - 1, C, _fmt(sta.shape)))
+        if out is None:
+            out = _arrays.empty_like_shape(x, (T, C))
+        oa = call.read(out, "out", writable=True)
+        _expect(op, "out", oa, (T, C), "x's [T, C]")
+        if T:
+            call.run(_lib.causal_conv1d, call.buffer(xa), call.buffer(wa, dense=True),
+                     _buffer_or_null(call, ba, dense=True), _buffer_or_null(call, cua, dense=True),
+                     _buffer_or_null(call, sla, dense=True), _buffer_or_null(call, sta, pool=True),
+                     call.buffer(oa), ctypes.byref(p))
+    return out
+
+
+def _gdn_params(op, T, Hk, Hv, dk, dv, heads, scale, l2norm, eps, weight_offset):
+    """lmk_gdn_params from the keywords: scale None is lmk's 0 (1/sqrt(dk)); l2norm False sets
+    LMK_GDN_NO_L2NORM."""
+    p = _lib.GdnParams()
+    p.seq_len, p.n_k_heads, p.n_v_heads = _u32(op, "T", T), _u32(op, "Hk", Hk), _u32(op, "Hv", Hv)
+    p.k_dim, p.v_dim = _u32(op, "dk", dk), _u32(op, "dv", dv)
+    p.head_map = _choice(op, "heads", heads, _LAYOUTS)
+    p.scale = 0.0 if scale is None else _float(op, "scale", scale)
+    p.flags = 0 if _bool(op, "l2norm", l2norm) else _lib.GDN_NO_L2NORM
+    p.norm = _lib.RmsNormParams(_float(op, "eps", eps), _float(op, "weight_offset", weight_offset))
+    return p
+
+
+def gated_delta_rule(q, k, v, a, b, *, A_log=None, dt_bias=None, heads="block", scale=None, l2norm=True,
+                     cu_seqlens=None, state=None, state_slots=None, z=None, norm_w=None, eps=1e-6,
+                     weight_offset=0.0, out=None):
+    """The Gated DeltaNet recurrence by lmk_gated_delta_rule: gates, the L2 norm of q and k, the delta rule
+    over the [dk, dv] state of each value head, and the gated RMS norm of the output, in one call
+    (include/lmk.h "gated_delta_rule" has the formulas).
+
+    q, k [T, Hk, dk] and v [T, Hv, dv], f32 / bf16 / f16, one dtype: strided views, e.g. slices of the
+    convolution's output. a, b [T, Hv]: in_proj_a / in_proj_b outputs, with A_log and dt_bias [Hv] (both
+    or neither; without them a holds the log decay g and b holds beta). heads: "block" (Hugging Face, k head
+    h // (Hv/Hk); the default) or "tiled" (GGUF, h % Hk). scale None: 1/sqrt(dk). l2norm False: q and k
+    used as given. cu_seqlens / state_slots as lmk.causal_conv1d. state: the pool [n_slots, Hv, dk, dv],
+    f32 or bf16, any strides (a dk-fastest pool is the view with its last two axes swapped), updated in
+    place; None: zeros, nothing stored. z [T, Hv, dv] with norm_w [dv] (both or neither): out = rms_norm(o)
+    * (norm_w + weight_offset) * silu(z), eps the norm's epsilon. out: an array [T, Hv, dv] of q's dtype to
+    write; None allocates one. Returns out.
+    """
+    op = "gated_delta_rule"
+    _require(op, _lib.gated_delta_rule)
+    forms = _torch_forms(q)
+    if forms:
+        return forms.gated_delta_rule(q, k, v, a, b, A_log=A_log, dt_bias=dt_bias, heads=heads, scale=scale,
+                                      l2norm=l2norm, cu_seqlens=cu_seqlens, state=state, state_slots=state_slots,
+                                      z=z, norm_w=norm_w, eps=eps, weight_offset=weight_offset, out=out)
+    with Call(op, q, "q") as call:
+        qa, ka, va = call.read(q, "q"), call.read(k, "k"), call.read(v, "v")
+        T, Hk, dk = _shape3(op, "q", qa)
+        _expect(op, "k", ka, (T, Hk, dk), "q's [T, Hk, dk]")
+        Hv, dv = _shape3(op, "v", va)[1:]
+        _expect(op, "v", va, (T, Hv, dv), "q's T")
+        p = _gdn_params(op, T, Hk, Hv, dk, dv, heads, scale, l2norm, eps, weight_offset)
+        gates = [call.read(g, n) for n, g in (("a", a), ("b", b))]
+        for n, g in zip("ab", gates):
+            _expect(op, n, g, (T, Hv), "[T, Hv] of v")
+        za = _read_optional(call, z, "z")
+        if z is not None:
+            _expect(op, "z", za, (T, Hv, dv), "v's [T, Hv, dv]")
+        vectors = [_read_optional(call, o, n) for n, o in (("A_log", A_log), ("dt_bias", dt_bias),
+                                                              ("norm_w", norm_w), ("cu_seqlens", cu_seqlens),
+                                                              ("state_slots", state_slots))]
+        sta = _read_optional(call, state, "state", writable=True)
+        if state is not None and (len(sta.shape) != 4 or tuple(sta.shape[1:]) != (Hv, dk, dv)):
+            raise LmkError("lmk.%s: state must be [n_slots, Hv, dk, dv] = [n_slots, %d, %d, %d], got shape %s (a "
+                           "dk-fastest pool is passed as the view with its last two axes swapped)"
+                           % (op, Hv, dk, dv, _fmt(sta.shape)))
+        if out is None:
+            out = _arrays.empty_like_shape(q, (T, Hv, dv))
+        oa = call.read(out, "out", writable=True)
+        _expect(op, "out", oa, (T, Hv, dv), "v's [T, Hv, dv]")
+        if not T:
+            return out
+        io = _lib.GdnIO()
+        io.q, io.k, io.v = call.buffer(qa), call.buffer(ka), call.buffer(va)
+        io.a, io.b = [call.buffer(g) for g in gates]
+        io.A_log, io.dt_bias, io.norm_w, io.cu_seqlens, io.state_slots = [
+            _buffer_or_null(call, o, dense=True) for o in vectors]
+        io.state = _buffer_or_null(call, sta, pool=True)
+        io.z = _buffer_or_null(call, za)
+        io.out = call.buffer(oa)
+        call.run(_lib.gated_delta_rule, ctypes.byref(io), ctypes.byref(p))
+    return out
 
 
 def has_attn_prologue():
@@ -290,5 +508,5 @@ def devices():
     return found
 
 
-__all__ = ["rope", "repeat_heads", "attn_prologue", "has_attn_prologue", "version", "build_info", "devices",
-           "LmkError", "check"]
+__all__ = ["rope", "repeat_heads", "attn_prologue", "causal_conv1d", "gated_delta_rule", "has_attn_prologue",
+           "version", "build_info", "devices", "LmkError", "LmkTypeError", "check"]

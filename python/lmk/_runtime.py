@@ -14,26 +14,16 @@ parent's handles and opens its own.
 
 A Call gathers one op's arrays: it checks that they share the first array's device, turns each into an
 lmk_buffer (lmk_buffer_wrap for dense arrays; for a strided view, a wrap of the memory it spans plus
-lmk_buffer_view_strided with its element strides, so no data is copied), and frees everything on exit.
+lmk_buffer_view_strided with its element strides, so no data is copied), and frees everything on exit. State
+pools (Gated DeltaNet's conv and recurrent states) are 3-D and 4-D views with any strides, the last axis
+included: Hugging Face's conv cache seen as [B, W-1, C] and a state whose dk axis is fastest are such views.
 """
 import ctypes
 import os
 import threading
 
 from . import _arrays, _lib
-
-
-class LmkError(Exception):
-    """A failure reported by liblmk: .status is the lmk_status name (e.g. "LMK_ERR_INVALID_ARGUMENT"),
-    .message (also str(e)) lmk_last_error()'s text naming the op, the value and the rule."""
-
-    def __init__(self, message, status="LMK_ERR_UNSUPPORTED"):
-        super().__init__(message)
-        self.message = message
-        self.status = status
-
-    def __repr__(self):
-        return "LmkError(%r, status=%r)" % (self.message, self.status)
+from ._errors import LmkError
 
 
 def check(status):
@@ -171,21 +161,23 @@ class Call:
     def read(self, obj, name, *, raw=False, writable=False):
         dev = _arrays.device_of(obj, name)  # before exporting: a CPU producer takes no CUDA stream
         if dev != self.dev:
-            raise ValueError("lmk.%s: %s is on %s but %s is on %s" % (self.op, name, _arrays.device_str(dev),
-                                                                      self.like_name, _arrays.device_str(self.dev)))
+            raise LmkError("lmk.%s: %s is on %s but %s is on %s" % (self.op, name, _arrays.device_str(dev),
+                                                                    self.like_name, _arrays.device_str(self.dev)))
         a = _arrays.read(obj, name, raw=raw, stream=self.dl_stream)
         self._arrays.append(a)
         if writable and a.readonly:
-            raise ValueError("lmk.%s: %s is read-only (or a copy), so lmk cannot write into it" % (self.op, name))
+            raise LmkError("lmk.%s: %s is read-only (or a copy), so lmk cannot write into it" % (self.op, name))
         return a
 
-    def buffer(self, a, *, dense=False):
-        """An lmk_buffer over a's memory, without copying. dense: a must be contiguous."""
+    def buffer(self, a, *, dense=False, pool=False):
+        """An lmk_buffer over a's memory, without copying. dense: a must be contiguous. pool: a state pool,
+        whose strides may be anything lmk_buffer_view_strided takes (its last axis too); lmk checks that its
+        elements are distinct."""
         if self.devh is None:
             self.devh = device(self.dev)
         nd = len(a.shape)
         if nd > 8:
-            raise ValueError("lmk.%s: %s has %d dimensions (at most 8)" % (self.op, a.name, nd))
+            raise LmkError("lmk.%s: %s has %d dimensions (at most 8)" % (self.op, a.name, nd))
         shape = (ctypes.c_size_t * max(nd, 1))(*a.shape)
         out = ctypes.c_void_p()
         if a.is_contiguous():
@@ -194,18 +186,19 @@ class Call:
             self._buffers.append(out.value)
             return out.value
         if dense:
-            raise ValueError("lmk.%s: %s must be contiguous (shape %s, strides %s)" % (self.op, a.name, a.shape,
-                                                                                       a.strides))
-        return self._strided(a, shape, nd)
+            raise LmkError("lmk.%s: %s must be contiguous (shape %s, strides %s)" % (self.op, a.name, a.shape,
+                                                                                     a.strides))
+        return self._strided(a, shape, nd, pool)
 
-    def _strided(self, a, shape, nd):
-        if a.shape[-1] > 1 and a.strides[-1] != 1:
-            raise ValueError("lmk.%s: %s must have stride 1 on its last axis (shape %s, strides %s in elements)"
-                             % (self.op, a.name, a.shape, a.strides))
+    def _strided(self, a, shape, nd, pool):
+        """A wrap of the bytes a spans, then a strided view of it (a has elements: empty arrays are dense)."""
+        if not pool and a.shape[-1] > 1 and a.strides[-1] != 1:
+            raise LmkError("lmk.%s: %s must have stride 1 on its last axis (shape %s, strides %s in elements)"
+                           % (self.op, a.name, a.shape, a.strides))
         strides = [0 if n == 1 else s for n, s in zip(a.shape, a.strides)]
         if any(s < 0 for s in strides):
-            raise ValueError("lmk.%s: %s has a negative stride (strides %s); lmk views take strides >= 0"
-                             % (self.op, a.name, a.strides))
+            raise LmkError("lmk.%s: %s has a negative stride (strides %s); lmk views take strides >= 0"
+                           % (self.op, a.name, a.strides))
         span = 1 + sum((n - 1) * s for n, s in zip(a.shape, strides))
         parent = ctypes.c_void_p()
         check(_lib.buffer_wrap(self.devh, a.ptr, span * a.itemsize, a.dtype, None, 0, ctypes.byref(parent)))

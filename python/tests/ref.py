@@ -1,6 +1,7 @@
 """ref.py - float64 NumPy references for the Python tests, written from include/lmk.h's formulas alone (not from
 the C code): rope in every mode with YaRN scaling and freq_factors, repeat_heads in both layouts, the RMS norm
-of attn_prologue, and the tolerances lmk.h promises (its "Precision" paragraphs).
+of attn_prologue, causal_conv1d and gated_delta_rule over packed sequences and state pools, and the tolerances
+lmk.h promises (its "Precision" paragraphs).
 """
 import math
 
@@ -118,3 +119,115 @@ def rms_norm_ref(x, w, eps, weight_offset):
     x = np.asarray(x, dtype=np.float64)
     r = np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + f32(eps))
     return x / r * (np.asarray(w, dtype=np.float64) + f32(weight_offset))
+
+
+# ---- Gated DeltaNet (lmk.h "Gated DeltaNet") ----
+
+def sequences(T, cu_seqlens):
+    """[(lo, hi)] of each sequence packed along T: cu_seqlens None is one sequence of all T tokens."""
+    if cu_seqlens is None:
+        return [(0, T)]
+    cu = [int(c) for c in np.asarray(cu_seqlens).reshape(-1)]
+    return list(zip(cu[:-1], cu[1:]))
+
+
+def seq_rows(n_seq, state, state_slots):
+    """Each sequence's pool row, or None (no pool, or a slot outside [0, n_slots)); and whether it stores
+    its row: only the last of several sequences naming one row does (lmk.h)."""
+    n_slots = 0 if state is None else state.shape[0]
+    slots = list(range(n_seq)) if state_slots is None else [int(s) for s in np.asarray(state_slots).reshape(-1)]
+    rows = [s if 0 <= s < n_slots else None for s in slots]
+    stores = [r is not None and r not in rows[i + 1:] for i, r in enumerate(rows)]
+    return rows, stores
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def causal_conv1d_ref(x, weight, bias=None, activation="silu", cu_seqlens=None, state=None, state_slots=None):
+    """lmk.h causal_conv1d in float64: y[t, c] = act(bias[c] + sum_j weight[c, j] * xx[t - (W-1) + j, c]), xx a
+    sequence's tokens after its W-1 state rows (zeros without a row). Returns (y [T, C], the state pool after
+    the call or None, bound [T, C]: |bias| + sum |weight * xx|, the scale of lmk.h's error bound). Every
+    sequence reads its row as it was before the call."""
+    x = np.asarray(x, np.float64)
+    T, C = x.shape
+    w = np.asarray(weight, np.float64).reshape(C, -1)
+    W = w.shape[1]
+    b = np.zeros(C) if bias is None else np.asarray(bias, np.float64)
+    old = None if state is None else np.asarray(state, np.float64)
+    new = None if old is None else old.copy()
+    y, bound = np.zeros((T, C)), np.zeros((T, C))
+    seqs = sequences(T, cu_seqlens)
+    rows, stores = seq_rows(len(seqs), old, state_slots)
+    for (lo, hi), row, store in zip(seqs, rows, stores):
+        head = np.zeros((W - 1, C)) if row is None else old[row]
+        xx = np.concatenate([head, x[lo:hi]])
+        for t in range(hi - lo):
+            win = xx[t:t + W]                       # [W, C]: the W-1 rows before token t, then token t
+            y[lo + t] = b + np.einsum("cj,jc->c", w, win)
+            bound[lo + t] = np.abs(b) + np.einsum("cj,jc->c", np.abs(w), np.abs(win))
+        if store:
+            new[row] = xx[-(W - 1):]
+    if activation == "silu":
+        y = silu(y)
+    return y, new, bound
+
+
+def gdn_ref(q, k, v, a, b, A_log=None, dt_bias=None, heads="block", scale=None, l2norm=True, cu_seqlens=None,
+            state=None, state_slots=None, z=None, norm_w=None, eps=1e-6, weight_offset=0.0):
+    """lmk.h gated_delta_rule in float64, token by token. Returns (out [T, Hv, dv], the state pool after the
+    call [n_slots, Hv, dk, dv] or None, cond [T, Hv]): the state carried unrounded (the caller rounds a bf16
+    pool); cond is each output row's condition number for f32 arithmetic, || |S|^T |qn| || / ||o|| (times
+    max|g| ||o|| / ||g o|| for the gate g = (norm_w + weight_offset) * silu(z) of the gated norm): o = S^T qn
+    sums terms of either sign, so a row where they nearly cancel carries the rounding of the terms, not of
+    the row, and any f32 evaluation's relative error on it grows with cond."""
+    q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    T, Hk, dk = q.shape
+    Hv, dv = v.shape[1:]
+    kh = np.arange(Hv) % Hk if heads == "tiled" else np.arange(Hv) // (Hv // Hk)
+    sc = f32(scale) if scale else 1.0 / math.sqrt(dk)
+    old = None if state is None else np.asarray(state, np.float64)
+    new = None if old is None else old.copy()
+    out, terms = np.zeros((T, Hv, dv)), np.zeros((T, Hv))
+    seqs = sequences(T, cu_seqlens)
+    rows, stores = seq_rows(len(seqs), old, state_slots)
+    for (lo, hi), row, store in zip(seqs, rows, stores):
+        S = np.zeros((Hv, dk, dv)) if row is None else old[row].copy()
+        for t in range(lo, hi):
+            if A_log is not None:
+                x = a[t] + np.asarray(dt_bias, np.float64)
+                g = -np.exp(np.asarray(A_log, np.float64)) * np.logaddexp(0.0, x)   # softplus(x) = ln(1 + e^x)
+                beta = 1.0 / (1.0 + np.exp(-b[t]))
+            else:
+                g, beta = a[t], b[t]
+            qt, kt = q[t][kh], k[t][kh]                                             # [Hv, dk]
+            if l2norm:
+                qt = qt / np.sqrt(np.sum(qt * qt, -1, keepdims=True) + 1e-6)
+                kt = kt / np.sqrt(np.sum(kt * kt, -1, keepdims=True) + 1e-6)
+            qt = qt * sc
+            S = np.exp(g)[:, None, None] * S
+            u = beta[:, None] * (v[t] - np.einsum("hkv,hk->hv", S, kt))
+            S = S + kt[:, :, None] * u[:, None, :]
+            out[t] = np.einsum("hkv,hk->hv", S, qt)
+            terms[t] = np.linalg.norm(np.einsum("hkv,hk->hv", np.abs(S), np.abs(qt)), axis=-1)
+        if store:
+            new[row] = S
+    tiny = 1e-300
+    cond = terms / np.maximum(np.linalg.norm(out, axis=-1), tiny)
+    if z is not None:
+        gate = (np.asarray(norm_w, np.float64) + f32(weight_offset)) * silu(np.asarray(z, np.float64))
+        cond = cond * np.abs(gate).max(-1) * np.linalg.norm(out, axis=-1) / np.maximum(
+            np.linalg.norm(gate * out, axis=-1), tiny)
+        out = out / np.sqrt(np.mean(out * out, -1, keepdims=True) + f32(eps)) * gate
+    return out, new, np.maximum(cond, 1.0)
+
+
+def rel_rows(got, ref, n_axes=1):
+    """||got - ref|| / ||ref|| over each row of the last n_axes axes: lmk.h's norm-wise relative error."""
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    axes = tuple(range(-n_axes, 0))
+    err = np.sqrt(np.sum((got - ref) ** 2, axis=axes))
+    mag = np.sqrt(np.sum(ref ** 2, axis=axes))
+    return err / np.maximum(mag, 1e-30)

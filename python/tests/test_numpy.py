@@ -279,7 +279,7 @@ def test_rope_errors_from_operands(rng):
     q = inputs(rng, (T, H, D), np.float32)
     pos = positions_for(rng, "neox", T)
     assert "positions" in lmk_error(lmk.rope, q, pos[:-1])
-    assert "positions" in lmk_error(lmk.rope, q, pos, mode="mrope")  # multi modes need 4*T
+    assert "positions" in lmk_error(lmk.rope, q, pos, mode="mrope", sections=[4, 6, 6])  # multi modes need 4*T
     out16 = np.zeros((T, H, D), np.float16)
     assert "dtype" in lmk_error(lmk.rope, q, pos, out=out16)
     assert not out16.any()
