@@ -502,6 +502,12 @@ static bool rope_params_ok(const lmk_rope_params *p)
     return p->ext_factor == 0.0f || p->n_ctx_orig != 0;
 }
 
+/* k_scale / v_scale: finite, not negative, and 0 (meaning 1) or in [2^-126, 2^126] (lmk.h). */
+static bool scale_ok(float v)
+{
+    return isfinite(v) && v >= 0.0f && (v == 0.0f || (v >= 0x1p-126f && v <= 0x1p126f));
+}
+
 /* The operands' rules, in lmk.h's order after the NULL checks; t gets every operand resolved. */
 static bool operands_ok(const ap_call *c, lmk_tensor3 *t, uint32_t *dv)
 {
@@ -526,7 +532,7 @@ static bool operands_ok(const ap_call *c, lmk_tensor3 *t, uint32_t *dv)
         (o[KW] && !flat_ok(o[KW], LMK_F32, LMK_BF16, LMK_F16, d, false)) ||
         (o[SLOTS] && !flat_ok(o[SLOTS], LMK_I32, LMK_I64, LMK_I64, T, false)))
         return false;
-    if (!isfinite(c->k_scale) || c->k_scale < 0.0f || !isfinite(c->v_scale) || c->v_scale < 0.0f)
+    if (!scale_ok(c->k_scale) || !scale_ok(c->v_scale))
         return false;
     for (int w = K_CACHE; w <= V_CACHE; w++)
         if (o[w] && lmk_buffer_dtype(o[w]) != dt && lmk_buffer_dtype(o[w]) != LMK_F8E4M3)
@@ -917,9 +923,9 @@ static long long slot_at(const fz_world *w, const ap_call *c, size_t token)
 }
 
 /* One head row of q or k (row64: the reference) into output `o` at row r: copies (no norm, outside
- * the pairs) are the input's bits, or for an f8 output exactly lmk_f32_to_f8e4m3(x / scale). */
+ * the pairs) are the input's bits, or for an f8 output exactly lmk_f32_to_f8e4m3(x * inv). */
 static void expect_qk_row(chk *x, const fz_env *e, const ap_call *c, const lmk_tensor3 *t, int o, int in, size_t r,
-                          size_t token, size_t h, const double *row64, float scale)
+                          size_t token, size_t h, const double *row64, float inv)
 {
     const lmk_dtype dt = lmk_buffer_dtype(c->op[o]);
     const bool norm = c->op[in == Q_IN ? QW : KW] != NULL;
@@ -929,23 +935,23 @@ static void expect_qk_row(chk *x, const fz_env *e, const ap_call *c, const lmk_t
         uint8_t code = 0;
         const unsigned char *bits = NULL;
         if (!norm && !rotated(&c->rope, i)) {
-            code = lmk_f32_to_f8e4m3((float)lmk_float_load(c->dt, src, 0) / scale);
+            code = lmk_f32_to_f8e4m3((float)lmk_float_load(c->dt, src, 0) * inv);
             bits = dt == LMK_F8E4M3 ? &code : src;
         }
-        expect(x, e, k_names[o], &t[o], dt, r, h, i, row64[i] / (dt == LMK_F8E4M3 ? scale : 1.0f), bits);
+        expect(x, e, k_names[o], &t[o], dt, r, h, i, row64[i] * (dt == LMK_F8E4M3 ? inv : 1.0f), bits);
     }
 }
 
-/* v of one token into its cache row: the bits, or exactly lmk_f32_to_f8e4m3(v / scale). */
+/* v of one token into its cache row: the bits, or exactly lmk_f32_to_f8e4m3(v * inv). */
 static void expect_v_row(chk *x, const fz_env *e, const ap_call *c, const lmk_tensor3 *t, size_t r, size_t token,
-                         uint32_t dv, float scale)
+                         uint32_t dv, float inv)
 {
     const lmk_dtype cdt = lmk_buffer_dtype(c->op[V_CACHE]);
     for (size_t h = 0; h < c->rope.n_k_heads; h++)
         for (size_t i = 0; i < dv; i++) {
             const size_t at = token * t[V_IN].stride[0] + h * t[V_IN].stride[1] + i;
             const unsigned char *src = fz_world_before((fz_world *)x->world, t[V_IN].data + at * t[V_IN].es);
-            const uint8_t code = lmk_f32_to_f8e4m3((float)lmk_float_load(c->dt, src, 0) / scale);
+            const uint8_t code = lmk_f32_to_f8e4m3((float)lmk_float_load(c->dt, src, 0) * inv);
             expect(x, e, "v_cache", &t[V_CACHE], cdt, r, h, i, 0.0, cdt == LMK_F8E4M3 ? &code : src);
         }
 }
@@ -957,7 +963,8 @@ static void check_outputs(const fz_env *e, fz_world *w, const ap_call *c, const 
 {
     const lmk_rope_params *p = &c->rope;
     const size_t d = p->head_dim, hq = p->n_heads, hk = p->n_k_heads;
-    const float ks = c->k_scale == 0.0f ? 1.0f : c->k_scale, vs = c->v_scale == 0.0f ? 1.0f : c->v_scale;
+    /* lmk.h's f8 factors: 1.0f / scale (0 means 1), to nearest (the oracle runs in the default mode) */
+    const float ks = 1.0f / (c->k_scale == 0.0f ? 1.0f : c->k_scale), vs = 1.0f / (c->v_scale == 0.0f ? 1.0f : c->v_scale);
     chk x = {.world = w, .precise = precise};
     memset(g_may, 0, sizeof g_may);
     for (size_t tok = 0; tok < p->seq_len; tok++) {

@@ -118,8 +118,15 @@ static void put_int(lmk_dtype t, void *base, size_t i, int64_t v)
     }
 }
 
+/* lmk.h's f8 factor of a k_scale or v_scale, written out: 0 means 1, then 1.0f / scale in f32 (the
+ * tests compute it in the default rounding mode, where the quotient is the nearest f32). */
+static float inv_of(float scale)
+{
+    return 1.0f / (scale == 0.0f ? 1.0f : scale);
+}
+
 /* lmk.h's precision for an output of dtype t whose float64 result is want (f8: want already
- * divided by the scale; a result past +-448 saturates). */
+ * multiplied by inv_of(scale); a result past +-448 saturates). */
 static bool close_enough(lmk_dtype t, double got, double want)
 {
     if (isnan(want))
@@ -465,11 +472,11 @@ static bool layout_ok(const ap_case *c, const lmk_attn_prologue_args *a, unsigne
                     (!present(c, V_IN) || a->v_dim == c->op[V_IN].n[2]) &&
                     (!present(c, K_CACHE) || a->k_cache.dtype == kc->dt) &&
                     (!present(c, V_CACHE) || a->v_cache.dtype == vc->dt) &&
-                    a->k_scale == (c->k_scale == 0.0f ? 1.0f : c->k_scale) &&
-                    a->v_scale == (c->v_scale == 0.0f ? 1.0f : c->v_scale) && a->rope.dtype == c->dt;
+                    a->k_inv_scale == inv_of(c->k_scale) && a->v_inv_scale == inv_of(c->v_scale) &&
+                    a->rope.dtype == c->dt;
     if (!ok)
-        snprintf(msg, len, "prepare resolved k_slots %" PRIu64 " v_slots %" PRIu64 " Dv %u scales %g %g", a->k_slots,
-                 a->v_slots, a->v_dim, (double)a->k_scale, (double)a->v_scale);
+        snprintf(msg, len, "prepare resolved k_slots %" PRIu64 " v_slots %" PRIu64 " Dv %u inverse scales %a %a",
+                 a->k_slots, a->v_slots, a->v_dim, (double)a->k_inv_scale, (double)a->v_inv_scale);
     return ok;
 }
 
@@ -527,14 +534,15 @@ static long long slot_of(const ap_case *c, size_t t)
     return v;
 }
 
-/* One k row (or q row, w == Q_OUT) of token t into output w at row r. */
+/* One k row (or q row, w == Q_OUT) of token t into output w at row r; inv: 1, or an f8 cache's
+ * inv_of(scale). */
 static void expect_row(vctx *v, int w, int in, size_t r, size_t t, size_t h, const double *row, const bool *rot,
-                       double scale)
+                       float inv)
 {
     const ap_case *c = v->c;
     const bool norm = present(c, in == Q_IN ? QW : KW), same_dt = c->op[w].dt == c->dt;
     for (size_t i = 0; i < c->rope.head_dim; i++)
-        expect(v, w, r, h, i, row[i] / scale, !norm && !rot[i] && same_dt ? in_bits(c, in, t, h, i) : NULL);
+        expect(v, w, r, h, i, row[i] * (double)inv, !norm && !rot[i] && same_dt ? in_bits(c, in, t, h, i) : NULL);
 }
 
 /* Every output element of token t: q_out, k_out, and the cache rows of its slot. */
@@ -544,22 +552,22 @@ static void verify_token(vctx *v, const lmk_attn_prologue_args *a, size_t t, dou
     const size_t d = c->rope.head_dim;
     lmk_ref_attn_prologue_token(a, t, q64, k64);
     for (size_t h = 0; h < c->rope.n_heads; h++)
-        expect_row(v, Q_OUT, Q_IN, t, t, h, q64 + h * d, rot, 1.0);
+        expect_row(v, Q_OUT, Q_IN, t, t, h, q64 + h * d, rot, 1.0f);
     for (size_t h = 0; h < c->rope.n_k_heads && present(c, K_OUT); h++)
-        expect_row(v, K_OUT, K_IN, t, t, h, k64 + h * d, rot, 1.0);
+        expect_row(v, K_OUT, K_IN, t, t, h, k64 + h * d, rot, 1.0f);
     const long long slot = present(c, SLOTS) && v->kept[t] ? slot_of(c, t) : -1; /* a later token's row wins */
     const operand *kc = &c->op[K_CACHE], *vc = &c->op[V_CACHE];
     if (present(c, K_CACHE) && slot >= 0 && (unsigned long long)slot < kc->n[0]) {
-        const double scale = kc->dt == LMK_F8E4M3 ? (c->k_scale == 0.0f ? 1.0 : (double)c->k_scale) : 1.0;
+        const float inv = kc->dt == LMK_F8E4M3 ? inv_of(c->k_scale) : 1.0f;
         for (size_t h = 0; h < c->rope.n_k_heads; h++)
-            expect_row(v, K_CACHE, K_IN, (size_t)slot, t, h, k64 + h * d, rot, scale);
+            expect_row(v, K_CACHE, K_IN, (size_t)slot, t, h, k64 + h * d, rot, inv);
     }
     if (present(c, V_CACHE) && slot >= 0 && (unsigned long long)slot < vc->n[0]) {
-        const double scale = vc->dt == LMK_F8E4M3 ? (c->v_scale == 0.0f ? 1.0 : (double)c->v_scale) : 1.0;
+        const float inv = inv_of(c->v_scale);
         for (size_t h = 0; h < c->rope.n_k_heads; h++)
             for (size_t i = 0; i < vc->n[2]; i++) { /* v is exact: its f8 code is lmk.h's formula, bit for bit */
                 const unsigned char *b = in_bits(c, V_IN, t, h, i);
-                const uint8_t code = lmk_f32_to_f8e4m3((float)get(c->dt, b, 0) / (float)scale);
+                const uint8_t code = lmk_f32_to_f8e4m3((float)get(c->dt, b, 0) * inv);
                 expect(v, V_CACHE, (size_t)slot, h, i, 0.0, vc->dt == c->dt ? b : &code);
             }
     }
@@ -1512,15 +1520,16 @@ static void test_public_bugs(const tst_dev *devs, int n_dev)
     group_line("public bugs: SGLang #19636, #34446", 6, harness_failed > before, n_dev, t0);
 }
 
-/* ---- the f8 cache quantises the f32 result, as x / scale ---- */
+/* ---- the f8 cache quantises the f32 result, as x * (1 / scale) ---- */
 
 /* k = [1, 1, 1, 1] (bf16), k_norm_w = 1.0655 (f32), offset 0, position 0 (rope is the identity): the
- * f32 result is 1.06549947 for every element. Divided by k_scale 0.5 it is 2.131, which rounds to
+ * f32 result is 1.06549947 for every element. Times 1 / k_scale = 2 it is 2.131, which rounds to
  * the f8 value 2.25 (0x41); rounded to bf16 first it would be 1.0625 -> 2.125, the midpoint between
  * 2.0 and 2.25, which ties to even 2.0 (0x40). With k_scale 0 (1): 0x39 (1.125) against 0x38
  * (1.0). k_out (bf16) holds 1.0625 (0x3f88). v goes to an f8 cache: exactly
- * lmk_f32_to_f8e4m3(v / v_scale); with v_scale 1.7, v = 0.0249023438 (bf16 0x3ccc) gives the tie
- * 0.0146484375 -> 0x08, while v * (1 / 1.7f) is just below it -> 0x07. */
+ * lmk_f32_to_f8e4m3(v * inv_of(v_scale)); with v_scale 1.7, v = 0.0249023438 (bf16 0x3ccc) times
+ * 1 / 1.7f lands just below the tie 0.0146484375 -> 0x07, where the quotient v / 1.7f is the tie
+ * itself -> 0x08: a backend that divides fails here. */
 static void build_f8_case(ap_case *c, float k_scale, float v_scale)
 {
     memset(c, 0, sizeof *c);
@@ -1540,7 +1549,7 @@ static void build_f8_case(ap_case *c, float k_scale, float v_scale)
     op_dense(c, K_CACHE, region_add(c, LMK_F8E4M3, 8, FILL_POISON), 0, 2, 1, 4, NULL, 0);
     op_dense(c, V_CACHE, region_add(c, LMK_F8E4M3, 8, FILL_POISON), 0, 2, 1, 4, NULL, 0);
     snprintf(c->name, sizeof c->name, "attn_prologue neox hd=4 rd=2 nh=1 nk=1 T=1 bf16 norm=f32+0 cache=f8e4m3 "
-             "k_scale=%g v_scale=%g // f8 quantised from the f32 result, as x / scale", (double)k_scale,
+             "k_scale=%g v_scale=%g // f8 quantised from the f32 result, as x * (1 / scale)", (double)k_scale,
              (double)v_scale);
     if (!case_ok(c))
         return;
@@ -1555,7 +1564,7 @@ static void build_f8_case(ap_case *c, float k_scale, float v_scale)
     put_int(LMK_I32, c->reg[c->op[SLOTS].reg].img, 0, 1);
 }
 
-/* One device: k_cache row 1 all `want`, k_out all 0x3f88, v_cache row 1 lmk_f32_to_f8e4m3(v / v_scale). */
+/* One device: k_cache row 1 all `want`, k_out all 0x3f88, v_cache row 1 lmk_f32_to_f8e4m3(v * inv). */
 static void check_f8_codes(const ap_case *c, const tst_dev *d, uint8_t want, unsigned char **got)
 {
     char msg[400] = "";
@@ -1566,7 +1575,7 @@ static void check_f8_codes(const ap_case *c, const tst_dev *d, uint8_t want, uns
     uint8_t vw[4];
     bool ok = st == LMK_OK;
     for (int e = 0; e < 4; e++) {
-        vw[e] = lmk_f32_to_f8e4m3((float)get(LMK_BF16, c->reg[c->op[V_IN].reg].img, (size_t)e) / c->v_scale);
+        vw[e] = lmk_f32_to_f8e4m3((float)get(LMK_BF16, c->reg[c->op[V_IN].reg].img, (size_t)e) * inv_of(c->v_scale));
         ok = ok && kc[e] == want && ko[e] == 0x3f88 && vc[e] == vw[e];
     }
     CHECK(ok, "%s [%s]: %s k_cache row 1 = %02x %02x %02x %02x (want %02x each), k_out[0] = %04x (want 3f88), "
@@ -1592,6 +1601,42 @@ static void test_f8_from_f32(const tst_dev *devs, int n_dev)
         run_case(&c, devs, n_dev, 1, true);
         case_free(&c);
     }
+}
+
+/* The inverse scale every backend multiplies by (lmk_attn_prologue_inv_scale, formed on the
+ * caller's thread): 1.0f / scale in the default rounding mode, and the same bits when the caller
+ * rounds upward, downward or toward zero with FTZ/DAZ set. Scales: the range's ends, ones whose
+ * upward quotient is not the nearest, and random bit patterns across the valid range. */
+static void test_inv_scale(void)
+{
+    float scales[64] = {0.0f, 1.0f, 0x1p-126f, 0x1p126f, 0x1.fffffep125f, 0x1.000002p-126f,
+                        3.0f, 1.7f, 0.0173f, 0.0291f};
+    uint64_t x = 0x5851f42d4c957f2dull;
+    for (int i = 10; i < 64; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        const uint32_t b = 0x00800000u + (uint32_t)(x % (0x7e800000u - 0x00800000u + 1u));
+        memcpy(&scales[i], &b, 4);
+    }
+    static const int modes[] = {FE_UPWARD, FE_DOWNWARD, FE_TOWARDZERO};
+    int bad = 0, upward_differs = 0;
+    for (int i = 0; i < 64; i++) {
+        const float want = inv_of(scales[i]);
+        bool ok = lmk_attn_prologue_inv_scale(scales[i]) == want;
+        for (int m = 0; m < 3; m++) {
+            fenv_t env = odd_fenv();
+            fesetround(modes[m]);
+            const volatile float s = scales[i];
+            const float plain = 1.0f / (s == 0.0f ? 1.0f : s), got = lmk_attn_prologue_inv_scale(scales[i]);
+            restore_fenv(&env);
+            upward_differs += m == 0 && plain != want;
+            ok = ok && got == want;
+        }
+        if (!ok && bad++ < 4)
+            CHECK(0, "lmk_attn_prologue_inv_scale(%a): not %a (1.0f / scale to nearest) in every rounding mode",
+                  (double)scales[i], (double)want);
+    }
+    CHECK(bad == 0 && upward_differs > 0, "the f8 inverse scale: %d of 64 scales wrong in some rounding mode; %d "
+          "whose upward quotient differs (some must, or this test shows nothing)", bad, upward_differs);
 }
 
 /* The reference itself against lmk.h's formula, written out here: norm over the whole head
@@ -1703,7 +1748,9 @@ static void m_w_i32(ap_case *c) { c->op[KW].dt = LMK_I32; }
 static void m_slots_u32(ap_case *c) { c->op[SLOTS].dt = LMK_U32; }
 static void m_slots_long(ap_case *c) { count_to(c, SLOTS, 4); }
 static void m_k_scale(ap_case *c) { c->k_scale = -1.0f; }
+static void m_k_scale_tiny(ap_case *c) { c->k_scale = 0x1p-127f; } /* subnormal */
 static void m_v_scale(ap_case *c) { c->v_scale = NAN; }
+static void m_v_scale_huge(ap_case *c) { c->v_scale = 0x1p127f; } /* its inverse would be subnormal */
 static void m_cache_f16(ap_case *c) { c->op[K_CACHE].dt = LMK_F16; }
 static void m_k_cache_heads(ap_case *c) { reshape(c, K_CACHE, 1, 3); }
 static void m_v_cache_heads(ap_case *c) { reshape(c, V_CACHE, 1, 3); }
@@ -1743,7 +1790,9 @@ static const rule k_rules[] = {
     {m_slots_u32, 16, {"attn_prologue: slots must be i32 or i64", "got u32"}},
     {m_slots_long, 16, {"attn_prologue: slots must be dense with exactly seq_len (3) entries", "got 4"}},
     {m_k_scale, 17, {"attn_prologue: k_scale must be finite and >= 0", "got -1"}},
+    {m_k_scale_tiny, 17, {"attn_prologue: k_scale must be 0 or in [2^-126, 2^126]", "got 5.87747e-39"}},
     {m_v_scale, 18, {"attn_prologue: v_scale must be finite and >= 0", "got nan"}},
+    {m_v_scale_huge, 18, {"attn_prologue: v_scale must be 0 or in [2^-126, 2^126]", "got 1.70141e+38"}},
     {m_cache_f16, 19, {"attn_prologue: k_cache dtype f16 must be the input dtype (bf16) or f8e4m3"}},
     {m_k_cache_heads, 20, {"attn_prologue: k_cache must be [rows, 2, 16]", "48 elements"}},
     {m_v_cache_heads, 20, {"attn_prologue: v_cache must be [rows, 2, 16]", "48 elements"}},
@@ -1889,6 +1938,7 @@ int main(void)
         test_reference_norm();
         test_validation(devs, n_dev);
         test_huge_dv(devs, n_dev);
+        test_inv_scale();
         test_f8_from_f32(devs, n_dev);
         test_padding(devs, n_dev);
         test_duplicate_slots(devs, n_dev);

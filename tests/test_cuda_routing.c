@@ -2,7 +2,7 @@
  * test_cuda_routing.c - which CUDA kernel each call launches (src/cuda/cuda_route.h).
  *
  * The CUDA backend picks one of several kernels per launch (rope: decode, bulk, rows, pairs;
- * attn_prologue: decode, stream, the general kernel, each with instantiations such as MIX, AHEAD and
+ * attn_prologue: decode, stream, the general kernel, each with instantiations such as MIX and
  * CHUNK), and the choice is the one docs/cuda.md describes and docs/decisions.md measured: a change
  * that sends a model's prompt to another kernel keeps every result right and loses its speed
  * without any other test noticing.
@@ -292,7 +292,7 @@ static const prologue_route_case k_prologue[] = {
     {"Qwen3-8B prompt bf16, in place in QKV, bf16 cache", {P_QWEN3, .seq_len = 4106}, LMK_BF16, QKV, true, true, SAME,
      0, 0, "prologue_stream_kernel", false, true, false, 16},
     {"Qwen3-8B prompt bf16, f8 cache, calibrated scale", {P_QWEN3, .seq_len = 4106}, LMK_BF16, QKV, true, true, F8,
-     0.0213f, 0, "prologue_stream_kernel", false, false, false, 16},
+     0.0213f, 0, "prologue_stream_kernel", false, true, false, 16},
     {"Llama-3.1-8B prompt bf16, no norm, k_out only", {R_LLAMA31, .seq_len = 4106}, LMK_BF16, DENSE, false, false,
      NO_CACHE, 0, 0, "prologue_stream_kernel", false, true, false, 16},
     /* decode: one token, and a batch of 64 sequences */

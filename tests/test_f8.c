@@ -15,8 +15,9 @@
  * bit pattern whose exponent field is 0x00 (zeros, subnormals), 0x60-0x8f (2^-31 to 2^17: every
  * rounding boundary, the subnormal codes, the saturation edge) or 0xff (infinities, every NaN
  * payload), both signs: 839 M inputs, under LMK_TEST_QUICK; otherwise all 2^32. Then every bf16
- * pattern through the bf16 kernel; then x / scale for scales with no exact reciprocal, powers of
- * two, tiny and huge ones, on the inputs around every rounding boundary (check_gpu_scales).
+ * pattern through the bf16 kernel; then x * (1 / scale) for scales with no exact reciprocal, powers
+ * of two, and the valid range's tiny and huge ones, on the inputs around every rounding boundary
+ * (check_scales; the CPU's cache write too).
  * Without a GPU this part prints a SKIP line.
  */
 #include "harness.h"
@@ -183,23 +184,25 @@ static bool env_set(const char *name)
     return e && *e && strcmp(e, "0") != 0;
 }
 
-/* x / scale as lmk.h defines it: the f32 quotient (correctly rounded), then lmk_f32_to_f8e4m3. */
+/* lmk.h's f8 cache rule: the f32 product x * inv with inv = 1.0f / scale (in f32, to nearest),
+ * then lmk_f32_to_f8e4m3. */
 static uint8_t scaled_code(float x, float scale)
 {
-    return lmk_f32_to_f8e4m3(x / scale);
+    const float inv = 1.0f / scale;
+    return lmk_f32_to_f8e4m3(x * inv);
 }
 
-/* The f8 cache write with scales that have no exact reciprocal (CUDA forms x / scale from a
- * rounded 1 / scale by two fma corrections, the CPU's vector path divides: either must be the
- * quotient), and with powers of two, tiny and huge scales. The inputs a wrong quotient would show: for every E4M3
- * value and every midpoint between neighbours (the rounding boundaries), in both signs, the f32
- * values within 8 ulps of value * scale, whose quotients land within a few ulps of the boundary;
- * the special values; the rest of the T * G_DV inputs (2^26 on a GPU) random bit patterns (any
- * exponent). Compared with scaled_code bit for bit. */
+/* The f8 cache write with scales that have no exact reciprocal (where x * inv and x / scale can
+ * differ by an f32 ulp, and a backend that divides, or forms inv otherwise, gives other codes),
+ * powers of two, and tiny and huge scales (lmk.h's range is [2^-126, 2^126]). The inputs a wrong
+ * product would show: for every E4M3 value and every midpoint between neighbours (the rounding
+ * boundaries), in both signs, the f32 values within 8 ulps of value * scale, whose products land
+ * within a few ulps of the boundary; the special values; the rest of the T * G_DV inputs (2^26 on a
+ * GPU) random bit patterns (any exponent). Compared with scaled_code bit for bit. */
 static void check_scales(f8_rig *g, uint32_t *vals, uint8_t *codes)
 {
     const float scales[] = {0.0173f, 0.0291f, 3.0f, 1.0f / 3.0f, 0x1.fffffep-1f, 0x1.000002p0f, 7.1e-5f, 1234.567f,
-                            0x1.7p-64f, 0x1.3p63f, 1e-30f, 3e30f, 1e-40f, 0x1p-140f, 0.0625f, 448.0f};
+                            0x1.7p-64f, 0x1.3p63f, 1e-30f, 3e30f, 0x1p-126f, 0x1.fffffep125f, 0.0625f, 448.0f};
     const uint32_t special[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7f7fffffu, 0xff7fffffu,
                                 0x00000001u, 0x80000001u, 0x007fffffu, 0x00800000u, 0x7fc00000u, 0xffc00001u};
     const size_t n = g->T * G_DV;
@@ -235,7 +238,7 @@ static void check_scales(f8_rig *g, uint32_t *vals, uint8_t *codes)
                       (double)sc, vals[k], (double)from_bits(vals[k]), codes[k], want);
         }
         CHECK(bad == 0, "%s: the f8 cache write with v_scale %g (%a) on %zu inputs: %lld differ from "
-              "lmk_f32_to_f8e4m3(x / scale)", g->name, (double)sc, (double)sc, n, bad);
+              "lmk_f32_to_f8e4m3(x * (1 / scale))", g->name, (double)sc, (double)sc, n, bad);
     }
 }
 

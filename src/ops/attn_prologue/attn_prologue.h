@@ -5,7 +5,10 @@
  * The rope part is an lmk_rope_args (q in t[0], k in t[1]) resolved by the same code as lmk_rope,
  * so the prologue rotates exactly as lmk_rope does. Around it: the per-head RMSNorm of q and k, the
  * k output (optional: k may go only to the cache), and the KV-cache rows written through slots, in
- * the input dtype or FP8 E4M3 with a per-tensor scale.
+ * the input dtype or FP8 E4M3 with a per-tensor scale. An f8 cache stores
+ * lmk_f32_to_f8e4m3(x * inv) (lmk.h), inv = 1 / scale formed once per call on the host
+ * (lmk_attn_prologue_inv_scale, by prepare), so every backend and the reference multiply by the
+ * same f32 value.
  */
 #ifndef LMK_OPS_ATTN_PROLOGUE_H
 #define LMK_OPS_ATTN_PROLOGUE_H
@@ -36,7 +39,8 @@ typedef struct lmk_attn_prologue_args {
     lmk_dtype slot_dtype;   /* LMK_I32 or LMK_I64 */
     lmk_rows k_cache, v_cache; /* [n_slots, n_k_heads, D or v_dim]; data NULL when absent */
     uint64_t k_slots, v_slots; /* rows of each cache: a slot outside [0, rows) writes nothing */
-    float k_scale, v_scale; /* resolved (0 -> 1); used for f8e4m3 caches only */
+    float k_inv_scale, v_inv_scale; /* lmk_attn_prologue_inv_scale of k_scale, v_scale: f8 caches store
+                                     * lmk_f32_to_f8e4m3(x * inv); unused for other cache dtypes */
 } lmk_attn_prologue_args;
 
 /* Validates a call as lmk_attn_prologue does for a stream of `dev` and fills *out (op.c). Tests
@@ -46,10 +50,11 @@ lmk_status lmk_attn_prologue_prepare(const lmk_device *dev, const lmk_attn_prolo
                                      const lmk_rope_params *rope, const lmk_rms_norm_params *norm,
                                      lmk_attn_prologue_args *out);
 
-/* 1 / scale when x * (1 / scale) rounds as x / scale for every x, else 0: scale a power of two
- * whose inverse is a normal f32 (scale in [2^-127, 2^126]). Both backends' f8 cache writes multiply
- * by it instead of dividing. scale is finite and positive (a resolved k_scale or v_scale). */
-float lmk_attn_prologue_exact_inverse(float scale);
+/* lmk.h's f8 factor of a k_scale or v_scale as the call passes it (0 meaning 1): the f32 nearest
+ * 1 / scale, 1.0f / scale rounded to nearest, in whatever rounding mode the caller runs. Validation
+ * keeps a nonzero scale in [2^-126, 2^126], where the result is a normal f32 and x * inv is within
+ * one f32 ulp of x / scale. */
+float lmk_attn_prologue_inv_scale(float scale);
 
 /* The float64 chain for one token of every head, the executable spec: q_row64 gets n_heads rows of
  * head_dim (rope(norm(q))), k_row64 n_k_heads rows (rope(norm(k))). Reads inputs through their

@@ -13,8 +13,9 @@
  * The benchmark (ap_bench_cases) runs these models' prompt and decode shapes; each of its
  * configurations also has a row in the table, so `lmk check` verifies what `lmk bench` times.
  * Outputs and cache rows are compared with the float64 chain (lmk_ref_attn_prologue_token) under
- * lmk.h's contract (f32 1e-5 * max(1, |ref|), bf16/f16 one ulp + 1e-6, f8 one f8 ulp); v rows in
- * v's dtype must be its bits; cache rows no slot names must keep their bytes.
+ * lmk.h's contract (f32 1e-5 * max(1, |ref|), bf16/f16 one ulp + 1e-6, f8 one f8 ulp of x * inv,
+ * inv the call's f32 1 / scale); v rows must be v's bits in v's dtype, and in an f8 cache exactly
+ * lmk_f32_to_f8e4m3 of the f32 product v * inv; cache rows no slot names must keep their bytes.
  */
 #include "ops/attn_prologue/attn_prologue.h"
 #include "testkit_ref.h"
@@ -82,9 +83,10 @@ static bool multi_mode(lmk_rope_mode m)
 /* Qwen3-8B as an engine that ropes inside the QKV projection runs it: q and k in place, k also to
  * the cache. */
 #define QWEN3_IN_PLACE QWEN3, .q_in_place = true, .k_in_place = true, .k_out = true
-/* Powers of two: CUDA's x * (1/scale) path (docs/cuda.md, "attn_prologue: f8 caches"). */
+/* Powers of two: an exact inverse, so lmk.h's x * inv is x / scale exactly. */
 #define F8_SCALES .cache_dtype = LMK_F8E4M3, .k_scale = 0.0625f, .v_scale = 0.125f
-/* Scales as a calibration gives them (amax / 448 of each tensor): no exact reciprocal. */
+/* Scales as a calibration gives them (amax / 448 of each tensor): no exact reciprocal, so x * inv
+ * and x / scale may differ by an f32 ulp and the codes by one. */
 #define F8_CALIBRATED .cache_dtype = LMK_F8E4M3, .k_scale = 0.0173f, .v_scale = 0.0291f
 /* One token of each of T sequences: rows scattered over a cache of n, scattered positions. */
 #define DECODE_SLOTS(n) .n_slots = (n), .slots = SLOT_SHUFFLED, .pos = POS_SCATTERED
@@ -613,7 +615,8 @@ static lmk_attn_prologue_args host_args(const tst_inst *in)
         .slots = in->arg[SLOTS] ? tst_mem_host(m, in->arg[SLOTS]) : NULL, .slot_dtype = ac->slot_dtype,
         .k_cache = host_rows(in, KC), .v_cache = host_rows(in, VC),
         .k_slots = ac->cache ? ac->n_slots : 0, .v_slots = ac->cache && ac->v ? ac->n_slots : 0,
-        .k_scale = ac->k_scale ? ac->k_scale : 1.0f, .v_scale = ac->v_scale ? ac->v_scale : 1.0f,
+        .k_inv_scale = lmk_attn_prologue_inv_scale(ac->k_scale),
+        .v_inv_scale = lmk_attn_prologue_inv_scale(ac->v_scale),
     };
     return a;
 }
@@ -645,14 +648,14 @@ static bool close_to(ap_check *k, lmk_dtype t, const void *base, size_t i, doubl
 
 /* Heads of one token: rows64 (heads x dim) against a [rows, heads, dim] output at row r. */
 static bool rows_close(ap_check *k, const char *what, size_t token, const lmk_rows *out, const unsigned char *got,
-                       size_t r, size_t heads, size_t dim, const double *rows64, double scale, tst_result *res)
+                       size_t r, size_t heads, size_t dim, const double *rows64, double inv, tst_result *res)
 {
     for (size_t h = 0; h < heads; h++)
         for (size_t i = 0; i < dim; i++) {
             const size_t at = r * out->tok + h * out->head + i;
-            if (!close_to(k, out->dtype, got, at, rows64[h * dim + i] / scale)) {
+            if (!close_to(k, out->dtype, got, at, rows64[h * dim + i] * inv)) {
                 snprintf(res->msg, sizeof res->msg, "%s of token %zu, head %zu, elem %zu: %.9g, reference %.9g", what,
-                         token, h, i, stored(out->dtype, got, at), rows64[h * dim + i] / scale);
+                         token, h, i, stored(out->dtype, got, at), rows64[h * dim + i] * inv);
                 return false;
             }
         }
@@ -666,7 +669,15 @@ static long long slot_at(const ap_check *k, size_t t)
     return ((const int32_t *)k->a.slots)[t];
 }
 
-/* v of token t in its cache row: v's bits, or within one f8 ulp of v / scale. */
+/* lmk.h's f8 code of a value x of the input dtype: lmk_f32_to_f8e4m3 of the f32 product x * inv (x
+ * and inv have at most 24 significant bits each, so the double product is exact and rounds once);
+ * a NaN keeps its sign, as lmk_f32_to_f8e4m3 of the NaN itself. */
+static uint8_t f8_code_of(double x, float inv)
+{
+    return lmk_f32_to_f8e4m3((float)(isnan(x) ? x : x * (double)inv));
+}
+
+/* v of token t in its cache row: v's bits, or exactly its f8 code (f8_code_of). */
 static bool v_row_ok(const tst_inst *in, ap_check *k, size_t t, size_t slot, tst_result *res)
 {
     const lmk_attn_prologue_args *a = &k->a;
@@ -675,9 +686,9 @@ static bool v_row_ok(const tst_inst *in, ap_check *k, size_t t, size_t slot, tst
     for (size_t h = 0; h < a->rope.t[1].n_heads; h++)
         for (size_t i = 0; i < a->v_dim; i++) {
             const size_t from = t * a->v_in.tok + h * a->v_in.head + i, to = slot * a->v_cache.tok + h * a->v_cache.head + i;
+            const double x = lmk_float_load(a->rope.dtype, a->v_in.data, from);
             const bool ok = a->v_cache.dtype == LMK_F8E4M3
-                                ? close_to(k, LMK_F8E4M3, got, to, lmk_float_load(a->rope.dtype, a->v_in.data, from) /
-                                                                       (double)a->v_scale)
+                                ? got[to] == f8_code_of(x, a->v_inv_scale)
                                 : memcmp(got + to * es, (const unsigned char *)a->v_in.data + from * es, es) == 0;
             if (!ok) {
                 snprintf(res->msg, sizeof res->msg, "v_cache row %zu (token %zu), head %zu, elem %zu differs", slot, t,
@@ -708,7 +719,7 @@ static bool check_tokens(const tst_inst *in, ap_check *k, bool *written_k, tst_r
             continue;
         written_k[slot] = true;
         if (!rows_close(k, "k_cache", t, &a->k_cache, got_of(in, k, KC), (size_t)slot, hk, d, k->k64,
-                        ac->cache_dtype == LMK_F8E4M3 ? (double)a->k_scale : 1.0, res))
+                        ac->cache_dtype == LMK_F8E4M3 ? (double)a->k_inv_scale : 1.0, res))
             return false;
         if (ac->v && !v_row_ok(in, k, t, (size_t)slot, res))
             return false;

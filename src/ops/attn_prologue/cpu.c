@@ -27,8 +27,8 @@
  * formed four rows at a time (their chains are latency). The vector narrowing
  * gives the bits of lmk_f32_to_bf16 (cpu/bf16_simd.h, shared with lmk_rope) / lmk_f32_to_f16
  * (NaN included) and of
- * lmk_f8e4m3_from_f32_bits (core/f8.h) on x / scale, formed as x * (1 / scale) when that inverse
- * is exact (a power-of-two scale: the same bits without a divide, f8_scaling). Outputs of a large
+ * lmk_f8e4m3_from_f32_bits (core/f8.h) on x * inv, the f32 product with the call's inverse scale
+ * (lmk.h's f8 rule: one multiply, whatever the scale). Outputs of a large
  * call whose rows are whole, aligned cache lines are written with streaming stores, and the next
  * token's rows are prefetched while a token is computed. Rows larger than FAST_DIM or with more
  * pairs than CHUNK take an element-wise path (docs/cpu.md, "attn_prologue").
@@ -64,10 +64,8 @@
 typedef struct row_dest {
     unsigned char *p;  /* element 0 of the row */
     lmk_dtype dt;
-    float scale;       /* f8 caches: stored = lmk_f32_to_f8e4m3(x / scale), lmk.h's formula */
+    float inv;         /* f8 caches: stored = lmk_f32_to_f8e4m3(x * inv), lmk.h's rule (1 elsewhere, unused) */
     int nt;            /* streaming stores (the row is whole cache lines, 64-byte aligned) */
-    float inv;         /* f8: 1 / scale when exact (lmk_attn_prologue_exact_inverse), else 0; the row path's vector
-                        * narrowing then multiplies instead of dividing, with the same bits */
 } row_dest;
 
 /* A head row on the element-wise path: input, norm and destinations. */
@@ -111,7 +109,6 @@ typedef struct ap_job {
                                    * (AVX2) or 32 (AVX-512): rows, norm weights and split pairs'
                                    * cos/sin in even/odd order (build8_eo, build16_eo) */
     int nt_q, nt_k, nt_kc, nt_vc; /* q_out, k_out, k cache, v cache */
-    float k_inv, v_inv;           /* lmk_attn_prologue_exact_inverse of k_scale and v_scale */
     const uint64_t *twice;        /* duplicate slots: buckets named by two or more tokens (dup_scan),
                                    * NULL when every cached slot's bucket has one token */
     uint64_t bucket_mask;         /* buckets - 1 */
@@ -156,7 +153,7 @@ LMK_INLINE void st(const row_dest *d, size_t i, float v)
     case LMK_F32: ((float *)(void *)d->p)[i] = v; break;
     case LMK_BF16: ((uint16_t *)(void *)d->p)[i] = to_bf16(v); break;
     case LMK_F16: ((uint16_t *)(void *)d->p)[i] = lmk_f32_to_f16(v); break;
-    default: d->p[i] = lmk_f32_to_f8e4m3(v / d->scale); break;
+    default: d->p[i] = lmk_f32_to_f8e4m3(v * d->inv); break;
     }
 }
 
@@ -205,12 +202,12 @@ static inline ap_row make_row(const ap_job *jb, size_t token, size_t h, long lon
                 .w = k ? a->k_norm_w : a->q_norm_w, .w_dt = k ? a->k_norm_dtype : a->q_norm_dtype, .r = 1.0f};
     if (t->out) {
         unsigned char *p = (unsigned char *)t->out + (token * t->out_tok + head * t->out_head) * es;
-        r.dest[r.n_dest++] = (row_dest){p, a->rope.dtype, 1.0f, nt_at(k ? jb->nt_k : jb->nt_q, p), 1.0f};
+        r.dest[r.n_dest++] = (row_dest){p, a->rope.dtype, 1.0f, nt_at(k ? jb->nt_k : jb->nt_q, p)};
     }
     if (k && a->k_cache.data && slot >= 0 && (unsigned long long)slot < a->k_slots) {
         const size_t ces = lmk_dtype_size(a->k_cache.dtype);
         unsigned char *p = (unsigned char *)a->k_cache.data + ((size_t)slot * a->k_cache.tok + head * a->k_cache.head) * ces;
-        r.dest[r.n_dest++] = (row_dest){p, a->k_cache.dtype, a->k_scale, nt_at(jb->nt_kc, p), jb->k_inv};
+        r.dest[r.n_dest++] = (row_dest){p, a->k_cache.dtype, a->k_inv_scale, nt_at(jb->nt_kc, p)};
     }
     return r;
 }
@@ -222,7 +219,7 @@ static inline row_dest v_row(const ap_job *jb, size_t token, size_t h, long long
     const size_t es = lmk_dtype_size(a->rope.dtype), ces = lmk_dtype_size(a->v_cache.dtype);
     *src = (const unsigned char *)a->v_in.data + (token * a->v_in.tok + h * a->v_in.head) * es;
     unsigned char *p = (unsigned char *)a->v_cache.data + ((size_t)slot * a->v_cache.tok + h * a->v_cache.head) * ces;
-    return (row_dest){p, a->v_cache.dtype, a->v_scale, nt_at(jb->nt_vc, p), jb->v_inv};
+    return (row_dest){p, a->v_cache.dtype, a->v_inv_scale, nt_at(jb->nt_vc, p)};
 }
 
 static inline int v_slot_ok(const lmk_attn_prologue_args *a, long long slot)
@@ -485,7 +482,7 @@ static void build_scalar(lmk_dtype dt, const lmk_rope_args *ra, const unsigned c
     gap_scalar(dt, in, x, w, r, g[1][0], g[1][1]);
 }
 
-/* Stores elements [lo, hi) of x to a destination row (x / scale, quantised, for f8). */
+/* Stores elements [lo, hi) of x to a destination row (x * inv, quantised, for f8). */
 static void narrow_scalar(const row_dest *d, const float *x, size_t lo, size_t hi)
 {
     switch (d->dt) {
@@ -506,7 +503,7 @@ static void narrow_scalar(const row_dest *d, const float *x, size_t lo, size_t h
     }
     default:
         for (size_t i = lo; i < hi; i++)
-            d->p[i] = lmk_f32_to_f8e4m3(x[i] / d->scale);
+            d->p[i] = lmk_f32_to_f8e4m3(x[i] * d->inv);
         break;
     }
 }
@@ -532,19 +529,6 @@ enum { TO_X = 0, TO_DEST = 1, TO_DEST_NT = 2 };
 LMK_INLINE bool sum_ok(double ss)
 {
     return ss >= 0x1p-80 && ss < HUGE_VAL;
-}
-
-/* How a vector narrowing forms x / scale for an f8 destination: not at all for other dtypes and
- * for scale 1 (x / 1 is x); x * (1 / scale) when that inverse is exact (lmk_attn_prologue_exact_inverse: the two
- * are then the same real number, rounded once, so the bits are x / scale's); else the division,
- * which is a measurable part of an f8-cache call (docs/decisions.md). */
-enum { F8_NONE = 0, F8_MUL = 1, F8_DIV = 2 };
-
-LMK_INLINE int f8_scaling(lmk_dtype odt, const row_dest *d)
-{
-    if (odt != LMK_F8E4M3 || d->scale == 1.0f)
-        return F8_NONE;
-    return d->inv != 0.0f ? F8_MUL : F8_DIV;
 }
 
 /* ---- AVX-512 ---- */
@@ -687,7 +671,7 @@ STEP_KERNEL LMK_TARGET_AVX512 __m128i f8_16(__m512 v)
     return _mm512_cvtepi32_epi8(_mm512_or_si512(f8_special16(u, f8_normal16(u)), sign));
 }
 
-/* 16 results stored to p in dtype odt (f8: x / scale already divided). */
+/* 16 results stored to p in dtype odt (f8: x * inv already formed). */
 STEP_KERNEL LMK_TARGET_AVX512 void store16(lmk_dtype odt, int nt, unsigned char *p, __m512 v)
 {
     if (odt == LMK_F32) {
@@ -899,13 +883,11 @@ STEP_KERNEL LMK_TARGET_AVX512 void narrow16_dt(lmk_dtype odt, int nt, const row_
                                                size_t hi)
 {
     const size_t oes = odt == LMK_F32 ? 4 : odt == LMK_F8E4M3 ? 1 : 2;
-    const __m512 scale = _mm512_set1_ps(d->scale), inv = _mm512_set1_ps(d->inv);
-    const int how = f8_scaling(odt, d);
+    const __m512 inv = _mm512_set1_ps(d->inv);
     size_t i = lo;
     for (; i + 16 <= hi; i += 16) {
         const __m512 v = _mm512_loadu_ps(x + i);
-        store16(odt, nt, d->p + i * oes,
-                how == F8_DIV ? _mm512_div_ps(v, scale) : how == F8_MUL ? _mm512_mul_ps(v, inv) : v);
+        store16(odt, nt, d->p + i * oes, odt == LMK_F8E4M3 ? _mm512_mul_ps(v, inv) : v);
     }
     if (i < hi)
         narrow_scalar(d, x, i, hi);
@@ -1317,21 +1299,16 @@ STEP_KERNEL LMK_TARGET_AVX2 void narrow8_dt(lmk_dtype odt, int nt, const row_des
                                             size_t hi)
 {
     const size_t oes = odt == LMK_F32 ? 4 : odt == LMK_F8E4M3 ? 1 : 2;
-    const __m256 scale = _mm256_set1_ps(d->scale), inv = _mm256_set1_ps(d->inv);
-    const int how = f8_scaling(odt, d);
+    const __m256 inv = _mm256_set1_ps(d->inv);
     size_t i = lo;
     for (; i + 16 <= hi; i += 16) {
-        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+        const __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
         unsigned char *p = d->p + i * oes;
         if (odt != LMK_F8E4M3) {
             store16x(odt, nt, p, v0, v1);
             continue;
         }
-        if (how == F8_DIV)
-            v0 = _mm256_div_ps(v0, scale), v1 = _mm256_div_ps(v1, scale);
-        else if (how == F8_MUL)
-            v0 = _mm256_mul_ps(v0, inv), v1 = _mm256_mul_ps(v1, inv);
-        const __m128i b = f8_pack16(v0, v1);
+        const __m128i b = f8_pack16(_mm256_mul_ps(v0, inv), _mm256_mul_ps(v1, inv));
         if (nt)
             _mm_stream_si128((__m128i *)(void *)p, b);
         else
@@ -1544,10 +1521,10 @@ LMK_INLINE void do_v(lmk_cpu_isa isa, const ap_job *jb, size_t token, long long 
 
 #define ROW_GROUP 8
 
-LMK_INLINE void set_dest(row_dest *d, unsigned char *p, lmk_dtype dt, float scale, float inv, int tensor_nt)
+LMK_INLINE void set_dest(row_dest *d, unsigned char *p, lmk_dtype dt, float inv, int tensor_nt)
 {
     /* field by field: a struct copy here is read back as one vector before the stores retire */
-    d->p = p, d->dt = dt, d->scale = scale, d->nt = nt_at(tensor_nt, p), d->inv = inv;
+    d->p = p, d->dt = dt, d->inv = inv, d->nt = nt_at(tensor_nt, p);
 }
 
 /* Heads [h0, h1) (at most ROW_GROUP) of one tensor of a token (q: 0, k: 1): the sums of squares
@@ -1581,10 +1558,9 @@ LMK_INLINE void do_rows(lmk_cpu_isa isa, const ap_job *jb, const ap_table *tb, c
         row_dest dest[2];
         int n_dest = 0;
         if (out)
-            set_dest(&dest[n_dest++], out + i * t->out_head * es, ra->dtype, 1.0f, 1.0f, k ? jb->nt_k : jb->nt_q);
+            set_dest(&dest[n_dest++], out + i * t->out_head * es, ra->dtype, 1.0f, k ? jb->nt_k : jb->nt_q);
         if (cache)
-            set_dest(&dest[n_dest++], crow + i * a->k_cache.head * ces, a->k_cache.dtype, a->k_scale, jb->k_inv,
-                     jb->nt_kc);
+            set_dest(&dest[n_dest++], crow + i * a->k_cache.head * ces, a->k_cache.dtype, a->k_inv_scale, jb->nt_kc);
         if (ahead)
             prefetch_row(in + (i * t->in_head + t->in_tok) * es, d * es);
         do_row(isa, jb->direct_ok, jb->eo, ra, tb, w, norm ? rf[i] : 1.0f, norm, in + i * t->in_head * es, dest, n_dest, x);
@@ -1734,8 +1710,7 @@ lmk_status lmk_cpu_attn_prologue(lmk_stream *s, const void *args)
     const size_t kces = a->k_cache.data ? lmk_dtype_size(a->k_cache.dtype) : 0;
     const size_t vces = a->v_cache.data ? lmk_dtype_size(a->v_cache.dtype) : 0;
     const size_t out_bytes = T * (hq * d * es + (a->rope.t[1].out ? hk * d * es : 0) + hk * d * kces + hk * dv * vces);
-    ap_job jb = {.a = a, .s = s, .isa = lmk_cpu_stream_isa(s), .es = es, .k_ces = kces,
-                 .k_inv = lmk_attn_prologue_exact_inverse(a->k_scale), .v_inv = lmk_attn_prologue_exact_inverse(a->v_scale)};
+    ap_job jb = {.a = a, .s = s, .isa = lmk_cpu_stream_isa(s), .es = es, .k_ces = kces};
     if (a->rope.angle.n_pairs <= CHUNK && d <= FAST_DIM) { /* the row path */
         const size_t n = a->rope.angle.n_pairs, st = a->rope.pair_stride;
         jb.direct_ok = jb.isa != LMK_CPU_SCALAR && d % 16 == 0 &&

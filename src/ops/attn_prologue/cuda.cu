@@ -35,14 +35,12 @@
  * device: without a norm the two ops agree within an ulp of the angle, not bit for bit. Outputs:
  * q_out and k_out in the input dtype, two elements per conversion instruction (nearest even; a unit
  * holding a NaN is built again, out of line, with lmk's own narrowing, which keeps the NaN quiet
- * with its sign); caches in the input dtype or f8e4m3 from the f32 value as x / scale (a
- * power-of-two scale multiplies by its exact reciprocal, which rounds identically; any other
- * corrects x * (1 / scale) twice by fma, f8_quot, whose codes are those of __fdiv_rn's quotient;
- * a row's kind of scale is chosen once, each kind its own code), two codes per
- * cvt.rn.satfinite.e4m3x2.f32 on sm_89 and later (the same codes as lmk_f8e4m3_from_f32_bits,
- * the host's rounding, on every f32 input: test_f8), a pair holding a NaN through
- * lmk_f8e4m3_from_f32_bits unscaled so that its sign survives, VE codes per store. Paths with and
- * without a norm, without an f8 cache and with each kind of f8 scale are separate code, chosen
+ * with its sign); caches in the input dtype or f8e4m3 from the f32 product x * inv (lmk.h's rule:
+ * inv = 1 / scale rounded once in f32 on the host, lmk_attn_prologue_inv_scale, the value the CPU
+ * and the reference use), two codes per cvt.rn.satfinite.e4m3x2.f32 on sm_89 and later (the same
+ * codes as lmk_f8e4m3_from_f32_bits, the host's rounding, on every f32 input: test_f8), a pair
+ * holding a NaN through lmk_f8e4m3_from_f32_bits unscaled so that its sign survives, VE codes per
+ * store. Paths with and without a norm, with and without an f8 cache are separate code, chosen
  * once per row.
  *
  * Blocks. A block takes a tile of tokens and a group of rows of each (q rows, then k, then v), one
@@ -67,9 +65,8 @@
  * next one already on their way into shared memory (cp.async) while it computes the current one,
  * its tables double-buffered, the weights, each thread's task and the angle factors formed once
  * (StreamRec, PairTab: a CUDA block keeps its group of rows), rows of 256 bytes or more staged with
- * 256-byte L2 fills; without an f8 cache, or with f8 caches of power-of-two scales, its tables are
- * also formed one block ahead. A round trip of loads thus stays in flight through every block's
- * arithmetic, where one CUDA block per block of the plan has loads in flight only at its start
+ * 256-byte L2 fills, its tables formed one block ahead. A round trip of loads thus stays in flight
+ * through every block's arithmetic, where one CUDA block per block of the plan has loads in flight only at its start
  * (docs/cuda.md, "attn_prologue: the three kernels"). Where q/k rows hold pair items and copy
  * items (a partial half-split rope: Qwen3.5), a team's first lanes hold pairs and the rest
  * copies, and the warp would run the pair code and the copy code one after the other; the decode
@@ -130,13 +127,12 @@ struct Tensor {
     uint64_t tok, head;
 };
 
-/* A cache: rows of the slots [0, rows); f8: stored = f8(x / scale). */
+/* A cache: rows of the slots [0, rows); f8: stored = f8(x * inv). */
 struct Cache {
     Tensor t;
     uint64_t rows;
-    float scale, inv; /* inv = 1 / scale rounded (exact when pow2) */
-    int f8, pow2;
-    int fast;         /* scale in [2^-64, 2^64]: f8_quot's range */
+    float inv; /* the call's k_inv_scale or v_inv_scale (lmk_attn_prologue_args) */
+    int f8;
 };
 
 /* The items of a row kind (q and k rows share one; v rows have their own), offsets in elements. */
@@ -206,79 +202,47 @@ static_assert(sizeof(ApParams) <= 4000, "kernel parameters must stay under the 4
  * ------------------------------------------------------------------------------------------- */
 
 /* Where a row goes: out (q_out or k_out) in the input dtype, and a cache row in the input dtype or
- * f8 (stored = f8(x / scale)). */
+ * f8 (stored = f8(x * inv)). */
 struct Dst {
     unsigned char *out, *cache; /* nullptr: not written */
-    int f8;                     /* the cache row is f8: its kF8 mode, else 0 */
-    int ci;                     /* the cache: 0 k, 1 v (its scale in ApParams.cache) */
+    int f8;                     /* the cache row is f8 */
+    int ci;                     /* the cache: 0 k, 1 v (its inv in ApParams.cache) */
 };
 
-/* How a row's f8 codes form x / scale (Dst.f8, set from the cache once per row: each mode is its
- * own code, so an f8 row carries no branch on the scale):
- *   kF8Exact: scale a power of two with a normal reciprocal: x * (1 / scale) is the same real
- *     number as x / scale, rounded once, so the same bits;
- *   kF8Divide: any other scale, by f8_quot where scale is in [2^-64, 2^64] (Cache.fast), else by
- *     __fdiv_rn out of line (no model has such a scale). */
-constexpr int kF8Exact = 1, kF8Divide = 2;
-
-__device__ __noinline__ float f8_div_slow(float x, float s)
+/* lmk.h's f8 factor: x * inv rounded once to f32 (__fmul_rn: never contracted into an fma), the
+ * product the CPU and the reference round. */
+__device__ __forceinline__ float f8_scaled(float x, const Cache &c)
 {
-    return __fdiv_rn(x, s);
+    return __fmul_rn(x, c.inv);
 }
 
-/* x / scale rounded to f32 as __fdiv_rn rounds it, wherever the f8 code depends on it: from q0 =
- * x * r (r = 1 / scale rounded, from the host; q0 within 2 ulps of the quotient) two corrections
- * q + r * (x - q * scale), the remainder exact by fma; the first leaves a faithful quotient, the
- * second the correctly rounded one (Markstein's theorem, r within half an ulp of 1 / scale). With
- * scale in [2^-64, 2^64] no value underflows or overflows while |x / scale| is in [2^-12, 2^10],
- * outside which every f32 near the quotient has the same code (0 or the saturated 448): there the
- * result keeps q0 (|q0| >= 1024, infinities included) and x's sign (a quotient that underflows).
- * Checked against x / scale on every f32 x for 11 scales (0 of 2^32 codes differ, and no f32
- * quotient in [2^-12, 2^9]; docs/cuda.md, "attn_prologue: f8 caches") and by test_f8 on the GPU. */
-__device__ __forceinline__ float f8_quot(float x, const Cache &c)
-{
-    const float q0 = __fmul_rn(x, c.inv);
-    const float q1 = fmaf(fmaf(-q0, c.scale, x), c.inv, q0);
-    const float q2 = fmaf(fmaf(-q1, c.scale, x), c.inv, q1);
-    return copysignf(fabsf(q0) < 1024.0f ? q2 : q0, x);
-}
-
-/* x / scale for mode M (a nonzero kF8 mode). */
-template <int M> __device__ __forceinline__ float f8_scaled(float x, const Cache &c)
-{
-    if constexpr (M == kF8Exact)
-        return x * c.inv;
-    else
-        return c.fast ? f8_quot(x, c) : f8_div_slow(x, c.scale);
-}
-
-/* lmk.h: stored = lmk_f32_to_f8e4m3(x / scale). A NaN goes in unscaled: GPU arithmetic returns the
+/* lmk.h: stored = lmk_f32_to_f8e4m3(x * inv). A NaN goes in unscaled: GPU arithmetic returns the
  * canonical (positive) NaN, the host's keeps the operand's sign. */
-template <int M> __device__ __forceinline__ uint32_t f8_code(float x, const Cache &c)
+__device__ __forceinline__ uint32_t f8_code(float x, const Cache &c)
 {
-    return lmk_f8e4m3_from_f32_bits(x != x ? __float_as_uint(x) : __float_as_uint(f8_scaled<M>(x, c)));
+    return lmk_f8e4m3_from_f32_bits(x != x ? __float_as_uint(x) : __float_as_uint(f8_scaled(x, c)));
 }
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 890
 /* The codes of x0 (low byte) and x1 (next byte) by lmk_f8e4m3_from_f32_bits, out of line: f8_pair's
  * path for a pair holding a NaN. */
-template <int M> __device__ __noinline__ uint32_t f8_pair_soft(float x0, float x1, const Cache &c)
+__device__ __noinline__ uint32_t f8_pair_soft(float x0, float x1, const Cache &c)
 {
-    return f8_code<M>(x0, c) | (f8_code<M>(x1, c) << 8);
+    return f8_code(x0, c) | (f8_code(x1, c) << 8);
 }
 #endif
 
 /* The codes of x0 (low byte) and x1: one hardware conversion on sm_89 and later, exact except for
  * a NaN, whose code has no sign there (callers rebuild a pair that held one with f8_pair); the
  * integer code before sm_89. */
-template <int M> __device__ __forceinline__ uint32_t f8_pair_fast(float x0, float x1, const Cache &c)
+__device__ __forceinline__ uint32_t f8_pair_fast(float x0, float x1, const Cache &c)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     unsigned short r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(f8_scaled<M>(x1, c)), "f"(f8_scaled<M>(x0, c)));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(f8_scaled(x1, c)), "f"(f8_scaled(x0, c)));
     return r;
 #else
-    return f8_code<M>(x0, c) | (f8_code<M>(x1, c) << 8);
+    return f8_code(x0, c) | (f8_code(x1, c) << 8);
 #endif
 }
 
@@ -287,12 +251,12 @@ template <int M> __device__ __forceinline__ uint32_t f8_pair_fast(float x0, floa
  * its NaN is unsigned, so a pair holding a NaN takes the integer code. test_f8 compares the cache
  * write with lmk_f32_to_f8e4m3 on every f32 input (under LMK_TEST_QUICK, on the exponent fields
  * where the codes change, zeros and subnormals, infinities and NaNs). */
-template <int M> __device__ __forceinline__ uint32_t f8_pair(float x0, float x1, const Cache &c)
+__device__ __forceinline__ uint32_t f8_pair(float x0, float x1, const Cache &c)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    return x0 == x0 && x1 == x1 ? f8_pair_fast<M>(x0, x1, c) : f8_pair_soft<M>(x0, x1, c);
+    return x0 == x0 && x1 == x1 ? f8_pair_fast(x0, x1, c) : f8_pair_soft(x0, x1, c);
 #else
-    return f8_pair_fast<M>(x0, x1, c); /* the integer code, which keeps a NaN's sign */
+    return f8_pair_fast(x0, x1, c); /* the integer code, which keeps a NaN's sign */
 #endif
 }
 
@@ -307,14 +271,14 @@ template <int DT, int VE> struct Acc {
 
 /* Whether a unit built without EXACT must be built again: it held a NaN, and a 2-byte output or an
  * f8 code went through a hardware conversion (whose NaN has no sign). */
-template <int DT, int VE, int F8> __device__ __forceinline__ bool redo(const Acc<DT, VE> &o)
+template <int DT, int VE, bool F8> __device__ __forceinline__ bool redo(const Acc<DT, VE> &o)
 {
     return (Elem<DT>::size == 2 || F8) && VE > 1 && o.nan;
 }
 
 /* Puts values x0, x1 at elements e, e + 1 (e even; x1 ignored when VE == 1). F8: the row's cache is
  * f8 (the caller branches once per row, so the common path carries no f8 code). */
-template <int DT, int VE, int F8, bool EXACT>
+template <int DT, int VE, bool F8, bool EXACT>
 __device__ __forceinline__ void acc2(const ApParams &p, const Dst &d, Acc<DT, VE> &o, int e, float x0, float x1)
 {
     if constexpr (Elem<DT>::size == 4) {
@@ -332,20 +296,20 @@ __device__ __forceinline__ void acc2(const ApParams &p, const Dst &d, Acc<DT, VE
     if constexpr (F8) {
         const Cache &c = p.cache[d.ci];
         if constexpr (VE == 1) {
-            o.q.w[0] = f8_pair<F8>(x0, x0, c) & 0xffu;
+            o.q.w[0] = f8_pair(x0, x0, c) & 0xffu;
         } else {
             /* without EXACT the pair's NaN test is the one above (2-byte types) or here (f32), and
              * a NaN rebuilds the unit with EXACT, where f8_pair takes the integer code */
             if constexpr (Elem<DT>::size == 4 && !EXACT)
                 o.nan = o.nan || !(x0 == x0 && x1 == x1);
-            const uint32_t q = (EXACT ? f8_pair<F8>(x0, x1, c) : f8_pair_fast<F8>(x0, x1, c)) << (8 * (e & 3));
+            const uint32_t q = (EXACT ? f8_pair(x0, x1, c) : f8_pair_fast(x0, x1, c)) << (8 * (e & 3));
             o.q.w[e >> 2] = (e & 3) ? o.q.w[e >> 2] | q : q; /* e even: both codes in one word */
         }
     }
 }
 
 /* Stores an output unit at element off of the row's destinations. */
-template <int DT, int VE, int F8> __device__ __forceinline__ void put(const Dst &d, uint32_t off, const Acc<DT, VE> &o)
+template <int DT, int VE, bool F8> __device__ __forceinline__ void put(const Dst &d, uint32_t off, const Acc<DT, VE> &o)
 {
     constexpr int ES = Elem<DT>::size;
     if (d.out)
@@ -359,7 +323,7 @@ template <int DT, int VE, int F8> __device__ __forceinline__ void put(const Dst 
 }
 
 /* The f8 codes of a raw unit holding a NaN (out of line, as the other EXACT rebuilds below). */
-template <int DT, int VE, int F8>
+template <int DT, int VE, bool F8>
 __device__ __noinline__ Acc<DT, VE> raw_codes_exact(const ApParams &p, const Dst d, const Raw<VE * Elem<DT>::size> r)
 {
     Acc<DT, VE> o{};
@@ -372,7 +336,7 @@ __device__ __noinline__ Acc<DT, VE> raw_codes_exact(const ApParams &p, const Dst
 
 /* The same for a unit copied without a norm: the input's own words (bit-exact), or f8 codes of its
  * values. */
-template <int DT, int VE, int F8>
+template <int DT, int VE, bool F8>
 __device__ __forceinline__ void put_raw(const ApParams &p, const Dst &d, uint32_t off, const Raw<VE * Elem<DT>::size> &r)
 {
     constexpr int ES = Elem<DT>::size;
@@ -607,7 +571,7 @@ __device__ __forceinline__ float2 normed2(const Raw<VE * Elem<DT>::size> &r, int
 
 /* The outputs of a half-split pair item: a holds the a halves of VE pairs at element off, b their b
  * halves at off + pstride; table entries item * VE on. */
-template <int DT, int VE, int F8, bool W, bool EXACT>
+template <int DT, int VE, bool F8, bool W, bool EXACT>
 __device__ __forceinline__ void rotate_half(const ApParams &p, const Dst &d, const float *w, float rn,
                                             const float2 *cs, uint32_t item, uint32_t off,
                                             const Raw<VE * Elem<DT>::size> &a, const Raw<VE * Elem<DT>::size> &b,
@@ -631,7 +595,7 @@ __device__ __forceinline__ void rotate_half(const ApParams &p, const Dst &d, con
 }
 
 /* The outputs of an interleaved pair item: a holds VE/2 whole pairs; table entries item * VE/2 on. */
-template <int DT, int VE, int F8, bool W, bool EXACT>
+template <int DT, int VE, bool F8, bool W, bool EXACT>
 __device__ __forceinline__ void rotate_il(const ApParams &p, const Dst &d, const float *w, float rn, const float2 *cs,
                                           uint32_t item, uint32_t off, const Raw<VE * Elem<DT>::size> &a,
                                           Acc<DT, VE> &o)
@@ -651,7 +615,7 @@ template <int DT, int VE> struct AccPair {
     Acc<DT, VE> a, b;
 };
 
-template <int DT, int VE, int F8, bool W>
+template <int DT, int VE, bool F8, bool W>
 __device__ __noinline__ Acc<DT, VE> rotate_il_exact(const ApParams &p, const Dst d, const float *w, float rn,
                                                     const float2 *cs, uint32_t item, uint32_t off,
                                                     const Raw<VE * Elem<DT>::size> a)
@@ -661,7 +625,7 @@ __device__ __noinline__ Acc<DT, VE> rotate_il_exact(const ApParams &p, const Dst
     return o;
 }
 
-template <int DT, int VE, int F8, bool W>
+template <int DT, int VE, bool F8, bool W>
 __device__ __noinline__ AccPair<DT, VE> rotate_half_exact(const ApParams &p, const Dst d, const float *w, float rn,
                                                           const float2 *cs, uint32_t item, uint32_t off,
                                                           const Raw<VE * Elem<DT>::size> a,
@@ -673,7 +637,7 @@ __device__ __noinline__ AccPair<DT, VE> rotate_half_exact(const ApParams &p, con
 }
 
 /* A pair item (element off = item * ustep): rotates and stores. */
-template <int DT, int VE, int F8, bool W>
+template <int DT, int VE, bool F8, bool W>
 __device__ __forceinline__ void emit_pair(const ApParams &p, const Dst &d, const float *w, float rn, const float2 *cs,
                                           uint32_t item, const Raw<VE * Elem<DT>::size> &a,
                                           const Raw<VE * Elem<DT>::size> &b)
@@ -700,7 +664,7 @@ __device__ __forceinline__ void emit_pair(const ApParams &p, const Dst &d, const
 }
 
 /* One copied unit at element off, normed. */
-template <int DT, int VE, int F8, bool EXACT>
+template <int DT, int VE, bool F8, bool EXACT>
 __device__ __forceinline__ void norm_unit(const ApParams &p, const Dst &d, const float *w, float rn, uint32_t off,
                                           const Raw<VE * Elem<DT>::size> &a, Acc<DT, VE> &o)
 {
@@ -711,7 +675,7 @@ __device__ __forceinline__ void norm_unit(const ApParams &p, const Dst &d, const
     }
 }
 
-template <int DT, int VE, int F8>
+template <int DT, int VE, bool F8>
 __device__ __noinline__ Acc<DT, VE> norm_unit_exact(const ApParams &p, const Dst d, const float *w, float rn,
                                                     uint32_t off, const Raw<VE * Elem<DT>::size> a)
 {
@@ -720,7 +684,7 @@ __device__ __noinline__ Acc<DT, VE> norm_unit_exact(const ApParams &p, const Dst
     return o;
 }
 
-template <int DT, int VE, int F8>
+template <int DT, int VE, bool F8>
 __device__ __forceinline__ void emit_norm(const ApParams &p, const Dst &d, const float *w, float rn, uint32_t off,
                                           const Raw<VE * Elem<DT>::size> &a)
 {
@@ -732,7 +696,7 @@ __device__ __forceinline__ void emit_norm(const ApParams &p, const Dst &d, const
 }
 
 /* A copy item: units c and c + nch (the second only when c + nch < nc), normed (W), or raw. */
-template <int DT, int VE, int F8, bool W>
+template <int DT, int VE, bool F8, bool W>
 __device__ __forceinline__ void emit_copy(const ApParams &p, const Kind &g, const Dst &d, const float *w, float rn,
                                           uint32_t c, const Raw<VE * Elem<DT>::size> &a,
                                           const Raw<VE * Elem<DT>::size> &b)
@@ -764,7 +728,7 @@ __device__ __forceinline__ DstBase dst_base(const ApParams &p, int kind, uint64_
     const int ci = kind == 2 ? 1 : 0;
     const Cache &c = p.cache[ci];
     const Tensor &o = kind == 0 ? p.q_out : p.k_out;
-    DstBase b{nullptr, nullptr, c.t.tok, c.rows, c.f8 ? (c.pow2 ? kF8Exact : kF8Divide) : 0, ci};
+    DstBase b{nullptr, nullptr, c.t.tok, c.rows, c.f8, ci};
     if (kind != 2 && o.p)
         b.out = o.p + t * o.tok + (uint64_t)h * o.head;
     if (kind != 0 && c.t.p)
@@ -794,7 +758,7 @@ __device__ __forceinline__ Dst dst_of(const ApParams &p, const Shared &sh, int k
 
 /* An item of a row with both pair and copy items, by emit_pair's or emit_copy's code (out of line:
  * emit_mixed's path for a unit that held a NaN). */
-template <int DT, int VE, int F8, bool W>
+template <int DT, int VE, bool F8, bool W>
 __device__ __noinline__ void emit_item_apart(const ApParams &p, const Kind &g, const Dst d, const float *w, float rn,
                                              const float2 *cs, uint32_t item, const Raw<VE * Elem<DT>::size> a,
                                              const Raw<VE * Elem<DT>::size> b)
@@ -812,7 +776,7 @@ __device__ __noinline__ void emit_item_apart(const ApParams &p, const Kind &g, c
  * or raw values where it holds copies. The values, words and codes are emit_pair's and
  * emit_copy's: the same arithmetic in the same order, a copy without a norm its input's own words;
  * a unit that held a NaN goes to emit_item_apart. */
-template <int DT, int VE, int F8, bool W>
+template <int DT, int VE, bool F8, bool W>
 __device__ __forceinline__ void emit_mixed(const ApParams &p, const Kind &g, const Dst &d, const float *w, float rn,
                                            const float2 *cs, uint32_t item, const Raw<VE * Elem<DT>::size> &a,
                                            const Raw<VE * Elem<DT>::size> &b)
@@ -850,7 +814,7 @@ __device__ __forceinline__ void emit_mixed(const ApParams &p, const Kind &g, con
  * the f8 paths' code stays small, which the f8 cases gain more from than the others lose.) MIX: the
  * kernel's q/k rows have pair and copy items (half-split), which take emit_mixed; its v rows have
  * copy items only. */
-template <int DT, int VE, int U, int F8, bool W, bool MIX>
+template <int DT, int VE, int U, bool F8, bool W, bool MIX>
 __device__ __forceinline__ void emit_items(const ApParams &p, const Kind &g, const Dst &d, const float *w, float rn,
                                            const float2 *cs, uint32_t base, uint32_t L,
                                            const Raw<VE * Elem<DT>::size> (&a)[U], const Raw<VE * Elem<DT>::size> (&b)[U])
@@ -914,19 +878,15 @@ __device__ __forceinline__ void emit_row(const ApParams &p, const Shared &sh, co
         const uint32_t base = lane + c * L * U;
         if (CHUNK && chunks > 1)
             load_items<Elem<DT>::size, VE, U>(p, g, in, base, L, a, b);
-        /* one path per (kind of f8 scale or none, norm): each carries only its own code */
-        if (F8 && d.f8 == kF8Exact && norm)
-            emit_items<DT, VE, U, kF8Exact, true, MIX>(p, g, d, w, rn, cs, base, L, a, b);
-        else if (F8 && d.f8 == kF8Exact)
-            emit_items<DT, VE, U, kF8Exact, false, MIX>(p, g, d, w, rn, cs, base, L, a, b);
-        else if (F8 && d.f8 && norm)
-            emit_items<DT, VE, U, kF8Divide, true, MIX>(p, g, d, w, rn, cs, base, L, a, b);
+        /* one path per (f8 cache row or not, norm): each carries only its own code */
+        if (F8 && d.f8 && norm)
+            emit_items<DT, VE, U, true, true, MIX>(p, g, d, w, rn, cs, base, L, a, b);
         else if (F8 && d.f8)
-            emit_items<DT, VE, U, kF8Divide, false, MIX>(p, g, d, w, rn, cs, base, L, a, b);
+            emit_items<DT, VE, U, true, false, MIX>(p, g, d, w, rn, cs, base, L, a, b);
         else if (norm)
-            emit_items<DT, VE, U, 0, true, MIX>(p, g, d, w, rn, cs, base, L, a, b);
+            emit_items<DT, VE, U, false, true, MIX>(p, g, d, w, rn, cs, base, L, a, b);
         else
-            emit_items<DT, VE, U, 0, false, MIX>(p, g, d, w, rn, cs, base, L, a, b);
+            emit_items<DT, VE, U, false, false, MIX>(p, g, d, w, rn, cs, base, L, a, b);
     }
 }
 
@@ -1512,38 +1472,26 @@ __device__ __forceinline__ void fill_tables_staged(const ApParams &p, const Pair
                                : (int64_t)*reinterpret_cast<const int32_t *>(ps + 8);
 }
 
-/* Waits until at most one group of this thread's copies is still in flight: the older one landed. */
-__device__ __forceinline__ void stage_wait_older()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-#endif
-}
-
 /* The prefill kernel for 16-byte units without chunks (plan_launch's stream plan). The grid is at
  * most the blocks that fit on the GPU at once, rounded down to a multiple of the row groups
  * (launch); CUDA block b takes the plan's blocks b, b + gridDim.x, ..., all of one group, and at
  * the top of block i's iteration every thread issues cp.async copies of block i + 1's units into
  * its own staging area, so that a memory round trip stays in flight through block i's arithmetic
  * (prologue_kernel's blocks load, fill, wait, compute and exit: their loads are in flight only at
- * the start). A thread forms its StreamRec once, and the block its PairTab; each block of the
- * plan then costs a thread a few products of its token. Two orders of the rest
- * (docs/cuda.md, "attn_prologue: the three kernels"):
- *   AHEAD: the thread also stages the position and slot its part of block i + 1's tables reads;
- *     it computes block i from tables the previous iteration formed, then waits for its copies
- *     (they had the whole computation to land), forms block i + 1's (cos, sin) and slot tables,
- *     and the block meets at its one barrier: no load and no angle runs between a barrier and the
- *     work behind it. The faster order wherever it applies.
- *   !AHEAD: the thread forms block i's tables, waits for block i's units, barrier, computes. For
- *     f8 caches that divide (kF8Divide), whose longer per-block arithmetic between two barriers
- *     makes the AHEAD order the slower one for them.
- * The tables are double-buffered (iteration i writes one block's tables while slower warps may
- * still read the other's; the readers of the one it overwrites are past the previous barrier); the
- * staged units and words and the records are thread-private; the weights and the PairTab are
- * filled once. Per row the work is prologue_kernel's: the same sums, the same outputs, the same
- * bits. F8: the call has an f8 cache (plan_launch); without one the rows are compiled without the
- * f8 paths (about a third of the code). */
-template <int DT, int VE, int U, bool AHEAD, bool F8, bool MIX>
+ * the start). A thread forms its StreamRec once, and the block its PairTab; each block of the plan
+ * then costs a thread a few products of its token. The tables are formed one block ahead
+ * (docs/cuda.md, "attn_prologue: the three kernels"): the thread also stages the position and slot
+ * its part of block i + 1's tables reads; it computes block i from tables the previous iteration
+ * formed, then waits for its copies (they had the whole computation to land), forms block i + 1's
+ * (cos, sin) and slot tables, and the block meets at its one barrier: no load and no angle runs
+ * between a barrier and the work behind it. The tables are double-buffered (iteration i writes one
+ * block's tables while slower warps may still read the other's; the readers of the one it
+ * overwrites are past the previous barrier); the staged units and words and the records are
+ * thread-private; the weights and the PairTab are filled once. Per row the work is
+ * prologue_kernel's: the same sums, the same outputs, the same bits. F8: the call has an f8 cache
+ * (plan_launch); without one the rows are compiled without the f8 paths (about a third of the
+ * code). */
+template <int DT, int VE, int U, bool F8, bool MIX>
 __global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __grid_constant__ ApParams p)
 {
     static_assert(VE * Elem<DT>::size == 16, "the staging copies are 16 bytes");
@@ -1571,14 +1519,12 @@ __global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __gr
         fill_pair_tab(p, pt);
         fill_weights(p, w);
         __syncthreads(); /* the PairTab */
-        const bool staged = AHEAD && stage_table_words(p, pt, bk, info, ps);
+        const bool staged = stage_table_words(p, pt, bk, info, ps);
         stage_commit();
-        if constexpr (AHEAD) {
-            stage_wait_all();
-            fill_tables_staged(p, pt, bk, info, ps, staged, reinterpret_cast<float2 *>(smem),
-                               reinterpret_cast<int64_t *>(sm + pl.slot_at));
-            __syncthreads();
-        }
+        stage_wait_all();
+        fill_tables_staged(p, pt, bk, info, ps, staged, reinterpret_cast<float2 *>(smem),
+                           reinterpret_cast<int64_t *>(sm + pl.slot_at));
+        __syncthreads();
     }
     for (uint32_t s = 0;; s ^= 1) {
         const uint64_t nt = ti + step;
@@ -1592,21 +1538,13 @@ __global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __gr
                 stage_items<VE, U>(p, p.kind[kind == 2 ? 1 : 0], rec_in(p, rec, kind, nbk.t0 + rec_tl(info)), lane,
                                    L, sm + pl.stage_at + (s ^ 1) * stage_b);
             }
-            if constexpr (AHEAD)
-                staged = stage_table_words(p, pt, nbk, info, ps);
+            staged = stage_table_words(p, pt, nbk, info, ps);
+            stage_commit();
         }
-        if (!AHEAD || more)
-            stage_commit(); /* !AHEAD: possibly empty, the wait below always leaves the newest group */
         const Block bk = stream_block(p, ti, group);
         const uint32_t info = rec->info;
         const Shared sh{reinterpret_cast<float2 *>(smem) + (s ? pl.cs2_at : 0), w,
                         reinterpret_cast<int64_t *>(sm + (s ? pl.slot2_at : pl.slot_at))};
-        if constexpr (!AHEAD) {
-            fill_angles_rec(p, pt, bk, info, sh.cs, false);
-            fill_slots(p, bk, sh.slot);
-            stage_wait_older();
-            __syncthreads();
-        }
         const bool live = rec_live(info, bk.tt);
         const int kind = rec_kind(info);
         const uint32_t tl = rec_tl(info);
@@ -1625,13 +1563,11 @@ __global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __gr
                                                 a, b);
         if (!more)
             break;
-        if constexpr (AHEAD) {
-            stage_wait_all();
-            fill_tables_staged(p, pt, stream_block(p, nt, group), info, ps, staged,
-                               reinterpret_cast<float2 *>(smem) + (s ? 0 : pl.cs2_at),
-                               reinterpret_cast<int64_t *>(sm + (s ? pl.slot_at : pl.slot2_at)));
-            __syncthreads();
-        }
+        stage_wait_all();
+        fill_tables_staged(p, pt, stream_block(p, nt, group), info, ps, staged,
+                           reinterpret_cast<float2 *>(smem) + (s ? 0 : pl.cs2_at),
+                           reinterpret_cast<int64_t *>(sm + (s ? pl.slot_at : pl.slot2_at)));
+        __syncthreads();
         ti = nt;
     }
 }
@@ -1645,7 +1581,6 @@ struct LaunchPlan {
     size_t smem;
     bool pdl;    /* programmatic stream serialization (lmk_cuda_device.pdl; kernel_common.cuh) */
     bool stream; /* prologue_stream_kernel, on at most the blocks that fit the GPU at once */
-    bool ahead;  /* its AHEAD order (no f8 cache, or f8 caches of power-of-two scales) */
     bool f8;     /* the call has an f8 cache */
     bool decode; /* prologue_decode_kernel (plan_team) */
     bool mix;    /* the MIX instantiation (emit_items; plan_launch) */
@@ -1657,10 +1592,9 @@ cudaError_t launch(const ApParams &p, const LaunchPlan &L, cudaStream_t st)
 {
     if constexpr (VE * Elem<DT>::size == 16 && !CHUNK) {
         if (L.stream) {
-            void (*const k)(ApParams) = !L.f8   ? (L.mix ? prologue_stream_kernel<DT, VE, U, true, false, true>
-                                                         : prologue_stream_kernel<DT, VE, U, true, false, false>)
-                                        : L.ahead ? prologue_stream_kernel<DT, VE, U, true, true, false>
-                                                  : prologue_stream_kernel<DT, VE, U, false, true, false>;
+            void (*const k)(ApParams) = L.f8    ? prologue_stream_kernel<DT, VE, U, true, false>
+                                        : L.mix ? prologue_stream_kernel<DT, VE, U, false, true>
+                                                : prologue_stream_kernel<DT, VE, U, false, false>;
             int per_sm = 0;
             const cudaError_t e =
                 cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, (int)L.threads.x, L.smem);
@@ -1726,10 +1660,9 @@ cudaError_t launch_dtype(lmk_dtype dt, uint32_t ve, bool chunk, const ApParams &
 template <int DT> void preload_dtype(cudaError_t *first)
 {
     constexpr int V16 = 16 / Elem<DT>::size, U1 = kItems<Elem<DT>::size>;
-    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, true, false, false>, 0, first);
-    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, true, true, false>, 0, first);
-    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, false, true, false>, 0, first);
-    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, true, false, true>, 0, first);
+    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, false, false>, 0, first);
+    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, true, false>, 0, first);
+    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, false, true>, 0, first);
     lmk_cuda_preload(prologue_decode_kernel<DT, V16, false, false>, 0, first);
     lmk_cuda_preload(prologue_decode_kernel<DT, V16, true, false>, 0, first);
     lmk_cuda_preload(prologue_decode_kernel<DT, V16, false, true>, 0, first);
@@ -1935,17 +1868,14 @@ void plan_angles(const lmk_rope_angle *g, AnglePlan *ap)
     ap->ext_factor = g->ext_factor, ap->ramp_low = g->ramp_low, ap->ramp_high = g->ramp_high;
 }
 
-Cache cache_of(const lmk_rows &r, uint64_t rows, float scale)
+Cache cache_of(const lmk_rows &r, uint64_t rows, float inv)
 {
     Cache c{};
     const uint64_t es = lmk_dtype_size(r.dtype);
     c.t = Tensor{(unsigned char *)r.data, r.tok * es, r.head * es};
     c.rows = rows;
     c.f8 = r.dtype == LMK_F8E4M3;
-    c.scale = scale;
-    c.inv = 1.0f / scale; /* f8_quot's r; exact when pow2 */
-    c.pow2 = lmk_attn_prologue_exact_inverse(scale) != 0.0f;
-    c.fast = scale >= 0x1p-64f && scale <= 0x1p64f;
+    c.inv = inv;
     return c;
 }
 
@@ -1965,8 +1895,8 @@ void plan_operands(const lmk_attn_prologue_args *a, ApParams *p)
     p->k_in = tensor_of(k->in, k->in_tok, k->in_head, es);
     p->k_out = tensor_of(k->out, k->out_tok, k->out_head, es);
     p->v_in = tensor_of(a->v_in.data, a->v_in.tok, a->v_in.head, es);
-    p->cache[0] = cache_of(a->k_cache, a->k_slots, a->k_scale);
-    p->cache[1] = cache_of(a->v_cache, a->v_slots, a->v_scale);
+    p->cache[0] = cache_of(a->k_cache, a->k_slots, a->k_inv_scale);
+    p->cache[1] = cache_of(a->v_cache, a->v_slots, a->v_inv_scale);
     p->q_w = a->q_norm_w, p->k_w = a->k_norm_w;
     p->q_w_dt = (int)a->q_norm_dtype, p->k_w_dt = (int)a->k_norm_dtype;
     p->w_off = (float)a->weight_offset, p->eps = (float)a->eps, p->inv_d = 1.0f / (float)r->head_dim;
@@ -2039,15 +1969,14 @@ void plan_launch(ApParams *p, int sm_count, bool units16, LaunchPlan *L)
     pl.w_at = (uint32_t)(cs_bytes / sizeof(float));
     pl.slot_at = (uint32_t)(cs_bytes + w_bytes);
     L->smem = (size_t)(cs_bytes + w_bytes + (p->slots ? tile * sizeof(int64_t) : 0));
-    L->stream = L->ahead = false;
+    L->stream = false;
     L->f8 = p->cache[0].f8 || p->cache[1].f8;
     L->sm_count = sm_count;
     /* Prefill with 16-byte units: prologue_stream_kernel, its shared memory two (cos, sin) tables,
      * the weights, two slot tables, two staging areas of 2 * U 16-byte units a thread, 16 bytes
      * a thread for its staged position and slot, its StreamRec and the PairTab. Past 48 KB
      * (head_dim near 1024 with a full rope) the blocks stay prologue_kernel's (allowing them 64
-     * KB bought nothing). The AHEAD order without an f8 cache and with f8 caches of power-of-two
-     * scales. Where every row is 256 bytes or more (each is read whole), the staging copies fill
+     * KB bought nothing). Where every row is 256 bytes or more (each is read whole), the staging copies fill
      * L2 256 bytes at a time (fewer, larger fills for the same bytes; a 256-byte fill around a
      * shorter row would also fetch bytes nobody reads). */
     if (!spread && units16) { /* (spread whenever L->decode) */
@@ -2059,7 +1988,6 @@ void plan_launch(ApParams *p, int sm_count, bool units16, LaunchPlan *L)
                                rec_bytes + pair_bytes;
         if (total <= 48 * 1024) {
             L->stream = true;
-            L->ahead = (!p->cache[0].f8 || p->cache[0].pow2) && (!p->cache[1].f8 || p->cache[1].pow2);
             pl.cs2_at = (uint32_t)(cs_bytes / sizeof(float2));
             pl.w_at = (uint32_t)(2 * cs_bytes / sizeof(float));
             pl.slot_at = (uint32_t)(2 * cs_bytes + w_bytes);
@@ -2152,7 +2080,7 @@ extern "C" lmk_status lmk_cuda_attn_prologue_route(const lmk_cuda_device *d, con
     const uint32_t es = a->rope.dtype == LMK_F32 ? 4 : 2;
     r->unit_bytes = ve * es;
     r->mix = L.mix;
-    r->ahead = L.stream && L.ahead;
+    r->ahead = L.stream; /* the stream kernel forms its tables one block ahead */
     r->chunk = chunk;
     r->blocks = L.blocks.x * L.blocks.y * L.blocks.z;
     r->threads = L.threads.x;

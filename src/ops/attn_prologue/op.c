@@ -9,8 +9,8 @@
 #include "core/internal.h"
 #include "ops/attn_prologue/attn_prologue.h"
 
-#include <float.h>
 #include <math.h>
+#include <string.h>
 
 static const char k_op[] = "attn_prologue";
 
@@ -70,11 +70,21 @@ static lmk_status check_weight(const char *name, const lmk_buffer *w, uint32_t h
     return LMK_OK;
 }
 
+/* A nonzero scale must have a normal f32 inverse (lmk_attn_prologue_inv_scale): past 2^126 it would
+ * be subnormal (several ulps off), below 2^-126 it could overflow. The range is checked on the
+ * bits (positive floats order as their bits), so that a caller's denormals-are-zero mode cannot
+ * pass a subnormal scale. */
 static lmk_status check_scale(const char *name, float v)
 {
     if (!isfinite(v) || v < 0.0f)
         return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: %s must be finite and >= 0 (0 means 1), got %g", k_op, name,
                         (double)v);
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    if ((bits & 0x7fffffffu) != 0 && (bits < 0x00800000u || bits > 0x7e800000u)) /* [2^-126, 2^126] */
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT,
+                        "%s: %s must be 0 or in [2^-126, 2^126] (f8 caches multiply by 1 / %s), got %g", k_op, name,
+                        name, (double)v);
     return LMK_OK;
 }
 
@@ -189,20 +199,30 @@ static lmk_attn_prologue_args make_args(const lmk_attn_prologue_io *io, const lm
         .v_cache = rows_of(&t[V_CACHE], io->v_cache),
         .k_slots = io->k_cache ? t[K_CACHE].n[0] : 0,
         .v_slots = io->v_cache ? t[V_CACHE].n[0] : 0,
-        .k_scale = io->k_scale == 0.0f ? 1.0f : io->k_scale,
-        .v_scale = io->v_scale == 0.0f ? 1.0f : io->v_scale,
+        .k_inv_scale = lmk_attn_prologue_inv_scale(io->k_scale),
+        .v_inv_scale = lmk_attn_prologue_inv_scale(io->v_scale),
     };
     if (!io->k_out)
         a.rope.t[1].out = NULL;
     return a;
 }
 
-/* The product of two f32 values is exact in double, so it is 1 exactly when inv is 1 / scale
- * exactly, which only a power of two has. */
-float lmk_attn_prologue_exact_inverse(float scale)
+/* The one place the f8 factor is formed: the f32 nearest to 1 / scale. This runs on the caller's
+ * thread, under its rounding mode (lmk.h: results do not depend on it), where 1.0f / s is only
+ * within an ulp of that value; of it and its two neighbours the nearest is the one whose product
+ * with s is nearest 1, and those products and their distances to 1 are exact in double (24-bit
+ * factors; a difference of two doubles within a factor 2 of each other), so the choice is the
+ * same in every mode. No tie exists: 1 / s halfway between two floats would make s times a
+ * 25-bit odd significand a power of two. */
+float lmk_attn_prologue_inv_scale(float scale)
 {
-    const float inv = 1.0f / scale;
-    return isfinite(inv) && inv >= FLT_MIN && (double)inv * (double)scale == 1.0 ? inv : 0.0f;
+    const float s = scale == 0.0f ? 1.0f : scale;
+    float inv = 1.0f / s;
+    const float next[2] = {nextafterf(inv, 0.0f), nextafterf(inv, INFINITY)};
+    for (int i = 0; i < 2; i++)
+        if (fabs((double)next[i] * (double)s - 1.0) < fabs((double)inv * (double)s - 1.0))
+            inv = next[i];
+    return inv;
 }
 
 lmk_status lmk_attn_prologue_prepare(const lmk_device *dev, const lmk_attn_prologue_io *io,

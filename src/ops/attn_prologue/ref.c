@@ -4,11 +4,14 @@
  * The float64 chain of lmk.h, one head row at a time: widen, RMSNorm over the whole head
  * (x / sqrt(mean(x^2) + eps) * (w + weight_offset)), rope through rope's own float64 reference
  * (lmk_ref_rope_row), then store: q_out and k_out rounded to their dtype from the float64 value,
- * cache rows through slots (nothing for a slot outside [0, rows)), f8 caches as
- * round-to-nearest-even(x / scale) saturated to +-448. Without a norm, elements outside the
- * rotated pairs stored in the input dtype are the input's bits (NaN payloads included). v goes to
- * its cache unchanged (a bit copy when the cache has v's dtype, else quantised). No threads, no
- * vectors.
+ * cache rows through slots (nothing for a slot outside [0, rows)), f8 caches as lmk_f32_to_f8e4m3
+ * of x * inv rounded to f32 (inv: the call's f32 inverse scale, lmk.h's rule), saturated to +-448.
+ * A value of the input dtype (v, and k elements stored unchanged) times inv is exact in double, so
+ * its f32 rounding is the backends' f32 product and the codes are theirs bit for bit; for the
+ * float64 chain of q and k, x * inv is the value the backends' f32 results approximate, within one
+ * f8 ulp. Without a norm, elements outside the rotated pairs stored in the input dtype are the
+ * input's bits (NaN payloads included). v goes to its cache unchanged (a bit copy when the cache
+ * has v's dtype, else quantised). No threads, no vectors.
  */
 #include "core/internal.h"
 #include "ops/attn_prologue/attn_prologue.h"
@@ -86,12 +89,13 @@ static long long slot_of(const lmk_attn_prologue_args *a, size_t token)
     return v;
 }
 
-/* Stores head row `row64` (dim values) into a [rows, heads, dim] tensor at (r, head). */
-static void store_row(const lmk_rows *dst, size_t r, size_t head, const double *row64, size_t dim, double scale)
+/* Stores head row `row64` (dim values) into a [rows, heads, dim] tensor at (r, head); an f8
+ * destination gets the values times inv (the call's f32 inverse scale). */
+static void store_row(const lmk_rows *dst, size_t r, size_t head, const double *row64, size_t dim, float inv)
 {
     for (size_t i = 0; i < dim; i++)
         store(dst->dtype, dst->data, r * dst->tok + head * dst->head + i,
-              dst->dtype == LMK_F8E4M3 ? row64[i] / scale : row64[i]);
+              dst->dtype == LMK_F8E4M3 ? row64[i] * (double)inv : row64[i]);
 }
 
 /* v of one token into its cache row: a bit copy in v's dtype, or quantised to f8. */
@@ -103,7 +107,8 @@ static void store_v(const lmk_attn_prologue_args *a, size_t token, size_t r)
             const size_t from = token * a->v_in.tok + h * a->v_in.head + i;
             const size_t to = r * a->v_cache.tok + h * a->v_cache.head + i;
             if (a->v_cache.dtype == LMK_F8E4M3)
-                store(LMK_F8E4M3, a->v_cache.data, to, load(a->rope.dtype, a->v_in.data, from) / (double)a->v_scale);
+                store(LMK_F8E4M3, a->v_cache.data, to,
+                      load(a->rope.dtype, a->v_in.data, from) * (double)a->v_inv_scale);
             else
                 memcpy((char *)a->v_cache.data + to * es, (const char *)a->v_in.data + from * es, es);
         }
@@ -130,10 +135,10 @@ static void gather_bits(const lmk_attn_prologue_args *a, int which, size_t token
  * back on the elements outside the rotated pairs: lmk.h makes them raw bit copies, and a trip
  * through double would quiet a signalling NaN. */
 static void store_copy_row(const lmk_attn_prologue_args *a, const lmk_rows *dst, size_t r, size_t head,
-                           const double *row64, double scale, const unsigned char *bits)
+                           const double *row64, float inv, const unsigned char *bits)
 {
     const size_t d = a->rope.head_dim, es = lmk_dtype_size(a->rope.dtype);
-    store_row(dst, r, head, row64, d, scale);
+    store_row(dst, r, head, row64, d, inv);
     if (!bits || dst->dtype != a->rope.dtype)
         return;
     for (size_t i = 0; i < d; i++)
@@ -158,18 +163,18 @@ void lmk_ref_attn_prologue(const lmk_attn_prologue_args *a)
         lmk_ref_attn_prologue_token(a, token, q, k);
         const lmk_rows qo = {a->rope.t[0].out, a->rope.t[0].out_tok, a->rope.t[0].out_head, a->rope.dtype};
         for (size_t h = 0; h < hq; h++)
-            store_copy_row(a, &qo, token, h, q + h * d, 1.0, qbits);
+            store_copy_row(a, &qo, token, h, q + h * d, 1.0f, qbits);
         if (a->rope.t[1].out) {
             const lmk_rows ko = {a->rope.t[1].out, a->rope.t[1].out_tok, a->rope.t[1].out_head, a->rope.dtype};
             for (size_t h = 0; h < hk; h++)
-                store_copy_row(a, &ko, token, h, k + h * d, 1.0, kbits);
+                store_copy_row(a, &ko, token, h, k + h * d, 1.0f, kbits);
         }
         if (!a->slots)
             continue;
         const long long slot = slot_of(a, token);
         if (a->k_cache.data && slot >= 0 && (unsigned long long)slot < a->k_slots)
             for (size_t h = 0; h < hk; h++)
-                store_copy_row(a, &a->k_cache, (size_t)slot, h, k + h * d, (double)a->k_scale, kbits);
+                store_copy_row(a, &a->k_cache, (size_t)slot, h, k + h * d, a->k_inv_scale, kbits);
         if (a->v_cache.data && slot >= 0 && (unsigned long long)slot < a->v_slots)
             store_v(a, token, (size_t)slot);
     }
