@@ -1,6 +1,8 @@
 """setup.py - the build step of the lmk Python package: builds liblmk.so with the repository's own CMake build
 (the repository root is ../ of this directory) and ships the library inside the package, where lmk/_lib.py
-loads it by absolute path. pyproject.toml holds the metadata.
+loads it by absolute path; then the compiled host path, the extension module lmk._host (lmk/_host.c, with
+Python's headers and ../include/lmk.h; it does not link liblmk), if it builds: without a C compiler or
+Python's headers the package keeps the ctypes path alone, and says so here. pyproject.toml holds the metadata.
 
 Build environment: LMK_CUDA (ON, OFF or AUTO: with CUDA when nvcc is found; default AUTO), CMAKE_ARGS (extra
 flags for the configure step), CMAKE_BUILD_PARALLEL_LEVEL (jobs; default: every core).
@@ -11,7 +13,8 @@ import shlex
 import shutil
 import subprocess
 
-from setuptools import setup
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
@@ -21,13 +24,14 @@ CMAKELISTS = os.path.join(ROOT, "CMakeLists.txt")
 
 
 def _version():
-    """The project's version, from project(lmk VERSION x.y.z) in the root CMakeLists.txt."""
-    try:
-        with open(CMAKELISTS) as f:
-            m = re.search(r"project\(\s*lmk\s+VERSION\s+([0-9][0-9.]*)", f.read())
-    except OSError:
-        m = None
-    return m.group(1) if m else "0.0.0"
+    """The project's version: the LMK_VERSION_MAJOR/MINOR/PATCH macros of include/lmk.h, its one source."""
+    header = os.path.join(ROOT, "include", "lmk.h")
+    with open(header) as f:
+        text = f.read()
+    parts = [re.search(r"^#define LMK_VERSION_%s\s+(\d+)\s*$" % p, text, re.M) for p in ("MAJOR", "MINOR", "PATCH")]
+    if not all(parts):
+        raise RuntimeError("lmk: %s has no LMK_VERSION_MAJOR/MINOR/PATCH macros" % header)
+    return ".".join(m.group(1) for m in parts)
 
 
 def build_liblmk(build_dir):
@@ -69,6 +73,31 @@ class BuildPyWithLibrary(build_py):
             shutil.copyfile(lib, os.path.join(d, "liblmk.so"))
 
 
+class OptionalBuildExt(build_ext):
+    """build_ext whose failure leaves the package on its ctypes path instead of failing the install."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as e:  # noqa: BLE001 - no compiler: distutils raises several kinds
+            self._skip(e)
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as e:  # noqa: BLE001 - a compile or link error
+            self._skip(e)
+
+    @staticmethod
+    def _skip(e):
+        print("lmk: WARNING: the compiled host path (lmk/_host.c) did not build (%s); lmk runs its ops through "
+              "ctypes, with more host time per call" % e, flush=True)
+
+
+HOST_EXTENSION = Extension("lmk._host", sources=["lmk/_host.c"], include_dirs=[os.path.join(ROOT, "include")],
+                           extra_compile_args=["-std=c11", "-O2"])
+
+
 class BinaryDistribution(Distribution):
     """The wheel holds a native library: tag it for this platform, not as pure Python."""
 
@@ -76,4 +105,5 @@ class BinaryDistribution(Distribution):
         return True
 
 
-setup(version=_version(), cmdclass={"build_py": BuildPyWithLibrary}, distclass=BinaryDistribution)
+setup(version=_version(), ext_modules=[HOST_EXTENSION],
+      cmdclass={"build_py": BuildPyWithLibrary, "build_ext": OptionalBuildExt}, distclass=BinaryDistribution)

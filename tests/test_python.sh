@@ -30,6 +30,27 @@ if ! "$py" -c "import pytest" >/dev/null 2>&1; then
     exit 0
 fi
 
+# The compiled host path (python/lmk/_host.c), built next to the library and named by LMK_EXTENSION; without
+# a C compiler or Python's headers the tests run the ctypes path alone (test_host.py then skips).
+libdir=$(cd "$(dirname "$lib")" && pwd)
+inc=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+suffix=$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX") or ".so")')
+cc=${CC:-cc}
+if command -v "$cc" >/dev/null 2>&1 && [ -f "$inc/Python.h" ]; then
+    ext="$libdir/python-ext/_host$suffix"
+    mkdir -p "$libdir/python-ext"
+    if ! "$cc" -std=c11 -O2 -fPIC -shared -Wall -Wextra -Werror -I"$inc" -I"$src/include" \
+            "$src/python/lmk/_host.c" -o "$ext.tmp" || ! mv -f "$ext.tmp" "$ext"; then
+        echo "FAIL python: python/lmk/_host.c does not build"
+        echo "0 passed, 1 failed, 0 skipped"
+        exit 1
+    fi
+    export LMK_EXTENSION="$ext" LMK_EXPECT_COMPILED=1
+else
+    echo "NOTE python: no C compiler ($cc) or no $inc/Python.h: testing the ctypes path alone"
+    export LMK_EXTENSION=off
+fi
+
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 LMK_LIBRARY=$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib") PYTHONPATH="$src/python${PYTHONPATH:+:$PYTHONPATH}" \

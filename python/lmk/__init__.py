@@ -19,10 +19,11 @@ from ._errors import LmkError, LmkTypeError
 from ._ops import (attn_prologue, build_info, causal_conv1d, devices, gated_delta_rule, has_attn_prologue,
                    repeat_heads, rope, version)
 from ._lib import LIBRARY_PATH
+from ._compiled import HOST_PATH
 
 __version__ = version()
 __all__ = ["rope", "repeat_heads", "attn_prologue", "causal_conv1d", "gated_delta_rule", "has_attn_prologue",
-           "version", "build_info", "devices", "LmkError", "LmkTypeError", "LIBRARY_PATH"]
+           "version", "build_info", "devices", "LmkError", "LmkTypeError", "LIBRARY_PATH", "HOST_PATH"]
 
 if "torch" in sys.modules:
     try:

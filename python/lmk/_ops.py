@@ -10,11 +10,17 @@ arguments of the wrong type) naming the op and the argument. Nothing the caller 
 C call, and liblmk writes nothing on a rejected call (lmk.h), so a failing call leaves every array unchanged.
 A call on zero tokens (T = 0) checks its arguments and returns its empty outputs without calling liblmk,
 whose ops take T >= 1: there is nothing to compute and no state changes.
+
+Where the compiled host path is loaded (_compiled.py, _host.c), each entry point first offers the call to
+it: it runs the usual calls on NumPy arrays and torch tensors in C and returns NotImplemented for the rest,
+before writing anything, so what follows here is the path of every other call and the source of every
+argument error. The torch.compile hand-over comes first, because dynamo cannot trace into C.
 """
 import ctypes
 import operator
 
 from . import _arrays, _lib
+from ._compiled import host as _host
 from ._errors import LmkError, LmkTypeError
 from ._runtime import Call, check, device
 
@@ -200,6 +206,11 @@ def rope(q, positions, *, k=None, rope_dim=None, freq_base=10000.0, mode="neox",
                           pairing=pairing, freq_scale=freq_scale, ext_factor=ext_factor, attn_factor=attn_factor,
                           beta_fast=beta_fast, beta_slow=beta_slow, n_ctx_orig=n_ctx_orig,
                           freq_factors=freq_factors, out=out, k_out=k_out)
+    if _host is not None:
+        r = _host.rope(q, positions, k, out, k_out, freq_factors, rope_dim, freq_base, mode, sections, pairing,
+                       freq_scale, ext_factor, attn_factor, beta_fast, beta_slow, n_ctx_orig)
+        if r is not NotImplemented:
+            return r
     if k is None and k_out is not None:
         raise LmkError("lmk.rope: k_out was given without k")
     op = "rope"
@@ -240,6 +251,10 @@ def repeat_heads(x, h, *, layout="tiled", out=None):
     forms = _torch_forms(x)
     if forms:
         return forms.repeat_heads(x, h, layout=layout, out=out)
+    if _host is not None:
+        r = _host.repeat_heads(x, h, layout, out)
+        if r is not NotImplemented:
+            return r
     op = "repeat_heads"
     lay = _choice(op, "layout", layout, _LAYOUTS)
     with Call(op, x, "x") as call:
@@ -281,7 +296,7 @@ def attn_prologue(q, k, positions, *, v=None, q_norm_w=None, k_norm_w=None, eps=
                   **rope_kwargs):
     """One attention layer's prologue by lmk_attn_prologue: per-head RMS norm of q and k (weights q_norm_w /
     k_norm_w [D], scaled by weight + weight_offset; None skips that norm), rope (rope_kwargs as lmk.rope),
-    then k (and v) stored into k_cache / v_cache rows `slots` (stored = x / scale for f8 caches).
+    then k (and v) stored into k_cache / v_cache rows `slots` (stored = x * (1 / scale) for f8 caches, 1 / scale formed once in f32).
 
     q [T, H, D], k [T, Hk, D], v [T, Hk, Dv]. Caches are [n_slots, Hk, D] (v_cache: Dv) or paged
     [n_blocks, block_size, Hk, D], strided views allowed. q_out None allocates one; k_out None allocates
@@ -295,6 +310,11 @@ def attn_prologue(q, k, positions, *, v=None, q_norm_w=None, k_norm_w=None, eps=
         return forms.attn_prologue(q, k, positions, v=v, q_norm_w=q_norm_w, k_norm_w=k_norm_w, eps=eps,
                                    weight_offset=weight_offset, slots=slots, k_cache=k_cache, v_cache=v_cache,
                                    k_scale=k_scale, v_scale=v_scale, q_out=q_out, k_out=k_out, **rope_kwargs)
+    if _host is not None:
+        r = _host.attn_prologue(q, k, positions, v, q_norm_w, k_norm_w, eps, weight_offset, slots, k_cache, v_cache,
+                                k_scale, v_scale, q_out, k_out, rope_kwargs)
+        if r is not NotImplemented:
+            return r
     unknown = sorted(set(rope_kwargs) - set(ROPE_KWARGS))
     if unknown:
         raise LmkTypeError("lmk.attn_prologue: unexpected keyword argument(s) %s" % ", ".join(unknown))
@@ -377,6 +397,10 @@ def causal_conv1d(x, weight, *, bias=None, activation="silu", cu_seqlens=None, s
     if forms:
         return forms.causal_conv1d(x, weight, bias=bias, activation=activation, cu_seqlens=cu_seqlens,
                                    state=state, state_slots=state_slots, out=out)
+    if _host is not None:
+        r = _host.causal_conv1d(x, weight, bias, activation, cu_seqlens, state, state_slots, out)
+        if r is not NotImplemented:
+            return r
     act = _choice(op, "activation", "none" if activation is None else activation, _ACTIVATIONS)
     with Call(op, x, "x") as call:
         xa = call.read(x, "x")
@@ -443,6 +467,11 @@ def gated_delta_rule(q, k, v, a, b, *, A_log=None, dt_bias=None, heads="block", 
         return forms.gated_delta_rule(q, k, v, a, b, A_log=A_log, dt_bias=dt_bias, heads=heads, scale=scale,
                                       l2norm=l2norm, cu_seqlens=cu_seqlens, state=state, state_slots=state_slots,
                                       z=z, norm_w=norm_w, eps=eps, weight_offset=weight_offset, out=out)
+    if _host is not None:
+        r = _host.gated_delta_rule(q, k, v, a, b, A_log, dt_bias, heads, scale, l2norm, cu_seqlens, state,
+                                   state_slots, z, norm_w, eps, weight_offset, out)
+        if r is not NotImplemented:
+            return r
     with Call(op, q, "q") as call:
         qa, ka, va = call.read(q, "q"), call.read(k, "k"), call.read(v, "v")
         T, Hk, dk = _shape3(op, "q", qa)
@@ -488,7 +517,7 @@ def has_attn_prologue():
 
 
 def version():
-    """liblmk's version, e.g. "0.1.0"."""
+    """liblmk's version, e.g. "0.3.0"."""
     return _lib.version().decode()
 
 

@@ -98,7 +98,8 @@ def cuda_stream_handle(dev, like):
 def stream(dev, handle=None):
     """(lmk_stream, lock) for the CPU, or for the wrapped CUDA stream `handle` of device dev."""
     if dev[0] == "cpu":
-        return _stream(dev, lambda out: _lib.stream_create(device(dev), ctypes.byref(out)))
+        devh = device(dev)  # before _stream takes _lock, which device() takes too
+        return _stream(dev, lambda out: _lib.stream_create(devh, ctypes.byref(out)))
     if _lib.stream_wrap_cuda is None:
         raise LmkError("lmk: this liblmk was built without CUDA (%s), so it cannot run on %s"
                        % (_lib.build_info().decode(), _arrays.device_str(dev)), "LMK_ERR_UNSUPPORTED")

@@ -44,10 +44,11 @@ if not hasattr(torch.library, "custom_op"):
     raise ImportError("lmk.torch_ops needs torch.library.custom_op (PyTorch >= 2.4); this is torch %s, so lmk "
                       "runs torch tensors eagerly only" % torch.__version__)
 
-from . import _ops  # noqa: E402
+from . import _compiled, _ops  # noqa: E402
 from ._errors import LmkError, LmkTypeError  # noqa: E402
 
 Tensor = torch.Tensor
+_compiled.register_torch(torch)  # the compiled host path takes torch tensors from here on
 
 
 def _rope_kwargs(rope_dim, freq_base, mode, sections, pairing, freq_scale, ext_factor, attn_factor, beta_fast,
