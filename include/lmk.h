@@ -61,7 +61,7 @@ extern "C" {
  * version (the soname, lmk.pc, lmkConfigVersion.cmake), lmk_version() is made of them, and the
  * Python package reads them too. Change them with every release. */
 #define LMK_VERSION_MAJOR 0
-#define LMK_VERSION_MINOR 2
+#define LMK_VERSION_MINOR 3
 #define LMK_VERSION_PATCH 0
 
 /* ------------------------------------------------------------------------------------------------
@@ -87,7 +87,7 @@ LMK_API const char *lmk_last_error(void);
 /* Clears this thread's message, so that lmk_last_error() returns "". */
 LMK_API void lmk_clear_error(void);
 
-/* "MAJOR.MINOR.PATCH" of the macros above, e.g. "0.2.0": the version of the library linked, which
+/* "MAJOR.MINOR.PATCH" of the macros above, e.g. "0.3.0": the version of the library linked, which
  * may differ from the header a program was compiled with. */
 LMK_API const char *lmk_version(void);
 
@@ -167,7 +167,7 @@ typedef struct lmk_stream lmk_stream;
  * dependent launch: an op's kernel may start while the previous kernel of the stream finishes, and
  * waits for it to complete before it touches memory, so results and ordering are unchanged; the
  * environment variable LMK_CUDA_PDL=0, read here, turns it off for the device. On the same GPUs
- * some prefill launches use the bulk copies of sm_90 (lmk_rope: docs/cuda_notes.md); LMK_CUDA_BULK=0,
+ * some prefill launches use the bulk copies of sm_90 (lmk_rope: docs/cuda.md, "rope: the four kernels"); LMK_CUDA_BULK=0,
  * also read here, gives those launches the kernels older GPUs run, with the same results, and
  * LMK_CUDA_TMAP=0 keeps only the bulk copies that need no tensor map (strided and in-place rope
  * prompts then take the other kernels), with the same results too.
@@ -555,14 +555,19 @@ LMK_API lmk_status lmk_repeat_heads(lmk_stream *s, const lmk_buffer *src, lmk_bu
  * operands' shapes (for dense buffers: element count / (n_k_heads * D), and v_in's count / (T *
  * n_k_heads)). slots (i32 or i64, T entries) give each token's cache row; a negative slot or one
  * >= n_slots writes nothing for that token (padding). Cache dtype is the input dtype, or
- * LMK_F8E4M3 with a per-tensor scale: stored = lmk_f32_to_f8e4m3(x / scale), quantised from the f32
- * result (never from a bf16-rounded one); k_scale / v_scale 0 mean 1 and are ignored for other
- * cache dtypes.
+ * LMK_F8E4M3 with a per-tensor scale: stored = lmk_f32_to_f8e4m3(x * inv), inv = 1.0f / scale
+ * (the nearest f32, whatever the caller's rounding mode) formed once per call, x * inv the f32
+ * product, x the f32 result (never a bf16-rounded one): vLLM's and FlashInfer's rule. x * inv is at
+ * most one f32 ulp from the correctly rounded x / scale before the f8 rounding (so a code may
+ * differ by one from x / scale's where that ulp straddles an f8 rounding boundary). k_scale /
+ * v_scale 0 mean 1 and are ignored for other cache dtypes.
  *
  * Precision: computed in f32 or better with no rounding between norm and rope; results are within
  * the rope contract of the float64 chain (f32: 1e-5 * max(1, |ref|); bf16/f16: one ulp plus 1e-6;
- * f8: one f8 ulp) where the normed values stay within rope's domain (|x| <= 2 times the weight
- * factor |w + weight_offset|, which f32 represents without overflow).
+ * f8: one f8 ulp of the chain's value times inv) where the normed values stay within rope's domain
+ * (|x| <= 2 times the weight factor |w + weight_offset|, which f32 represents without overflow).
+ * v in an f8 cache, and k elements stored unchanged (no norm, outside the rotated pairs), are
+ * exactly lmk_f32_to_f8e4m3(x * inv).
  * Slots should name distinct rows. Where several tokens of one call name the same row, the CPU
  * backend leaves in it the whole row of the last of them (the highest token index), whatever the
  * thread count; CUDA leaves its contents unspecified (it may mix elements of those tokens). Every
@@ -575,8 +580,9 @@ LMK_API lmk_status lmk_repeat_heads(lmk_stream *s, const lmk_buffer *src, lmk_bu
  * q_out; lmk_rope's rules R2-R12 for q and k (k_out optional; v_in of another dtype than q_in);
  * eps not finite or <= 0; weight_offset not finite; neither k_out nor k_cache; a cache without slots; v_in without v_cache
  * or v_cache without v_in; a weight not dense f32/bf16/f16 of exactly head_dim; slots not dense
- * i32/i64 of exactly T; k_scale or v_scale not finite or negative; a cache dtype other than the
- * input dtype or f8e4m3; a cache or v_in of the wrong shape, or Dv above 2^32 - 1 (head_dim's
+ * i32/i64 of exactly T; k_scale or v_scale not finite or negative, or nonzero outside
+ * [2^-126, 2^126] (where 1 / scale is a normal f32); a cache dtype other than the input dtype or
+ * f8e4m3; a cache or v_in of the wrong shape, or Dv above 2^32 - 1 (head_dim's
  * range); a buffer on another device; overlaps
  * (every output against every other operand). UNSUPPORTED (CUDA): head_dim or Dv above 4096, or
  * more head rows per token than the kernel's grid takes (65535 groups of rows). DEVICE: launch
@@ -598,12 +604,172 @@ typedef struct lmk_attn_prologue_io {
     lmk_buffer *q_out;                     /* [T, n_heads, D]; may equal q_in */
     lmk_buffer *k_out;                     /* [T, n_k_heads, D] or NULL; may equal k_in */
     lmk_buffer *k_cache, *v_cache;         /* [n_slots, n_k_heads, D] / [n_slots, n_k_heads, Dv] or NULL */
-    float k_scale, v_scale;                /* f8 caches: stored = x / scale; 0 = 1 */
+    float k_scale, v_scale;                /* f8 caches: stored = x * (1.0f / scale); 0 = 1 */
 } lmk_attn_prologue_io;
 
 /* At least one of k_out and k_cache is given. */
 LMK_API lmk_status lmk_attn_prologue(lmk_stream *s, const lmk_attn_prologue_io *io, const lmk_rope_params *rope,
                                      const lmk_rms_norm_params *norm);
+
+/* ------------------------------------------------------------------------------------------------
+ * Gated DeltaNet: the linear-attention layer of Qwen3.5/3.6 and Qwen3-Next
+ *
+ * Three layers in four of these hybrid models run, between the engine's matrix products:
+ *
+ *     qkv = in_proj_qkv(x)                        [T, 2*Hk*dk + Hv*dv]
+ *     qkv = causal_conv1d(qkv, conv_state)        lmk_causal_conv1d, SiLU, in place
+ *     q, k, v = views of qkv                      [T, Hk, dk], [T, Hk, dk], [T, Hv, dv] (no copy)
+ *     o = gated_delta_rule(q, k, v, a, b, state)  lmk_gated_delta_rule, with the gated RMSNorm of z
+ *     y = out_proj(o)
+ *
+ * Sequences (both ops). One call covers a batch of sequences packed along T: cu_seqlens holds
+ * n_seq + 1 offsets 0 = c0 <= c1 <= ... <= c_n = T (NULL: one sequence of all T tokens), and
+ * sequence s owns tokens [c_s, c_s+1) and the state row state_slots[s] of a state pool (NULL slots:
+ * row s). A negative slot, or one >= the pool's rows, means: start from zeros and store nothing
+ * (padding). cu_seqlens and state_slots are device data, which a call cannot validate without
+ * synchronising: whatever they hold, the op never reads or writes outside its operands (an offset
+ * is clamped into [0, T] and a decreasing one ends its sequence empty; such an array gives
+ * unspecified values in the outputs, never an out-of-bounds access or a hang). Two sequences of one
+ * call naming the same row: the row ends holding the state of the last of them (the one with the
+ * highest index), computed from the row as it was before the call; the outputs of the others are
+ * unspecified on CUDA (they may read the row while it is written). Empty sequences are allowed and
+ * leave their row as it was.
+ *
+ * Operands (lmk.h "Operands"; [T, C] and [T, H] operands are dense buffers of exactly T*C elements,
+ * or 2-D buffers of exactly that shape with last stride 1 and any token stride). The state pools
+ * take any strides (their elements distinct): a 3-D or 4-D buffer of exactly the pool's shape.
+ * ---------------------------------------------------------------------------------------------- */
+
+/* ------------------------------------------------------------------------------------------------
+ * causal_conv1d: the depthwise causal convolution, with its state
+ *
+ *     y[t, c] = act( bias[c] + sum_{j=0..W-1} weight[c, j] * xx[t - (W-1) + j, c] )
+ *
+ * per sequence, where xx is the sequence's inputs preceded by its W-1 state rows (zeros without a
+ * state) and weight[c, W-1] multiplies the current token (Hugging Face's conv1d.weight[c, 0, :]).
+ * act is SiLU, x * sigmoid(x), or none. After the call the state row holds the last W-1 rows of xx
+ * (a sequence shorter than W-1 shifts the older rows along).
+ *
+ *     x, y         [T, C] f32 / bf16 / f16, one dtype; token stride free; y may equal x (in place:
+ *                  every x row a sequence needs is read before its y row is written)
+ *     weight       [C, W] dense f32 / bf16 / f16 (exactly C*W elements); bias [C] or NULL
+ *     cu_seqlens   [n_seq + 1] dense i32 / i64, or NULL; state_slots [n_seq] dense i32 / i64, or NULL
+ *     conv_state   [n_slots, W - 1, C] of x's dtype, any strides, read then updated; or NULL (zeros,
+ *                  nothing stored). Hugging Face's [B, C, W-1] cache is the view of shape
+ *                  [B, W-1, C] with strides (C*(W-1), 1, W-1).
+ *
+ * Precision: computed in f32 (the products and sums in f32, SiLU's exponential in f32) and rounded
+ * once to y's dtype: within one ulp of y's dtype plus 1e-6 * (|bias| + sum |weight * xx|) of the
+ * float64 result. Hugging Face runs the convolution in the weight's dtype, so its bf16 output may
+ * differ from lmk's by a few ulps. The state is a bit copy of the inputs.
+ *
+ * Errors (INVALID_ARGUMENT, in this order, each message naming the value and the rule): NULL
+ * stream, x, weight, y or params; seq_len or channels 0; width outside 2..8; unknown activation;
+ * x or y not a [T, C] operand; y's dtype not x's; dtype not f32/bf16/f16; weight not dense
+ * f32/bf16/f16 of exactly C*W elements; bias not dense f32/bf16/f16 of exactly C; cu_seqlens not
+ * dense i32/i64 of at least 2 entries; state_slots without conv_state, or not dense i32/i64 of
+ * exactly n_seq entries; conv_state not a 3-D [n_slots, W-1, C] buffer of x's dtype with distinct
+ * elements; a buffer on another device; overlaps (y against every operand but x, which it may equal
+ * exactly; conv_state against every operand). DEVICE: launch failure (CUDA).
+ * ---------------------------------------------------------------------------------------------- */
+
+typedef enum lmk_activation { LMK_ACT_NONE = 0, LMK_ACT_SILU = 1 } lmk_activation;
+
+typedef struct lmk_causal_conv1d_params {
+    uint32_t seq_len, channels, width; /* T, C, W (2..8) */
+    lmk_activation activation;
+} lmk_causal_conv1d_params;
+
+LMK_API lmk_status lmk_causal_conv1d(lmk_stream *s, const lmk_buffer *x, const lmk_buffer *weight,
+                                     const lmk_buffer *bias, const lmk_buffer *cu_seqlens,
+                                     const lmk_buffer *state_slots, lmk_buffer *conv_state, lmk_buffer *y,
+                                     const lmk_causal_conv1d_params *p);
+
+/* ------------------------------------------------------------------------------------------------
+ * gated_delta_rule: gates, L2 norm, the delta-rule recurrence and the gated output norm in one op
+ *
+ * For each sequence, token t in order, value head h, with k head kh = h % Hk (TILED, the GGUF
+ * order) or kh = h / (Hv / Hk) (BLOCK, Hugging Face's repeat_interleave), read as an index:
+ *
+ *     g    = -exp(A_log[h]) * softplus(a[t,h] + dt_bias[h])     softplus(x) = ln(1 + e^x)
+ *     beta = sigmoid(b[t,h])             (A_log and dt_bias NULL: a holds g and b holds beta)
+ *     qn   = q[t,kh] / sqrt(sum(q[t,kh]^2) + 1e-6) * scale      scale 0 means 1/sqrt(dk)
+ *     kn   = k[t,kh] / sqrt(sum(k[t,kh]^2) + 1e-6)              (LMK_GDN_NO_L2NORM: q*scale, k)
+ *     S    = exp(g) * S                                          S: the [dk, dv] state, f32
+ *     u    = beta * (v[t,h] - S^T kn)
+ *     S    = S + kn u^T
+ *     o    = S^T qn                                              [dv]
+ *     out[t,h] = o * rsqrt(mean(o^2) + eps) * (norm_w + weight_offset) * silu(z[t,h])   (z given)
+ *     out[t,h] = o                                                                     (no z)
+ *
+ * S starts from the sequence's state row (zeros without one) and is stored back at the sequence's
+ * end: f32, or for a bf16 pool widened at the start and rounded once at the end (never per token).
+ *
+ *     q, k         [T, Hk, dk]; v [T, Hv, dv]; f32 / bf16 / f16, one dtype with out; strided views
+ *                  (slices of the convolution's output) allowed
+ *     a, b         [T, Hv] f32 / bf16 / f16 (each its own), token stride free
+ *     A_log, dt_bias  [Hv] dense f32 / bf16 / f16, both or neither
+ *     state        [n_slots, Hv, dk, dv] f32 or bf16, any strides: FLA's and Hugging Face's layout
+ *                  (dv fastest) is dense; FlashInfer's and ggml's (dk fastest) is the view with the
+ *                  last two strides swapped. In place; NULL: zeros, nothing stored.
+ *     z, norm_w    z [T, Hv, dv] (f32 / bf16 / f16, strided allowed) and norm_w [dv] dense f32 / bf16 /
+ *                  f16, both or neither
+ *     out          [T, Hv, dv] of q's dtype, strided allowed; must not alias any other operand
+ *
+ * Zero fields of lmk_gdn_params are the models' defaults except n_* and *_dim: head_map TILED,
+ * scale 1/sqrt(dk), q and k L2-normalised; norm.eps must be > 0 when z is given (Qwen3.5: 1e-6).
+ *
+ * Precision: every step in f32 or better, nothing rounded between the gates, the recurrence and
+ * the output norm (Hugging Face rounds beta and the normed output to the input dtype, so its bf16
+ * results may differ from lmk's by a few ulps). Against the float64 evaluation of the formulas
+ * above: f32 inputs and state, every output row and the final state within 1e-4 relative
+ * (norm-wise) for sequences up to 65,536 tokens; bf16 / f16 inputs, rows within 4e-3 relative
+ * norm-wise, the output's own rounding included. A row whose terms cancel (||o|| far below
+ * || |S|^T |qn| ||) is held to that bound plus 2^-23 * || |S|^T |qn| || (f32 cannot do better; after
+ * the gated norm, each element's part of it scaled as the norm scales the element), and
+ * a 16-bit output to it plus its dtype's subnormal spacing. The CPU and CUDA backends run the token-by-token
+ * form above; with an f32 pool, a sequence processed in one call, split at any token across calls
+ * (its state carried through the pool) or one token a call gives the same results within that
+ * precision (a bf16 pool is rounded at the end of every call, so a sequence split into pieces has its
+ * state rounded once a piece: one token a call rounds it every token, which costs accuracy). A pool of 0 rows (every sequence padding) is valid.
+ *
+ * Errors (INVALID_ARGUMENT, in this order, each message naming the value and the rule): NULL stream,
+ * io, params, q, k, v, a, b or out; seq_len, n_k_heads, n_v_heads, k_dim or v_dim 0; k_dim or v_dim
+ * above 256; n_v_heads not a multiple of n_k_heads; unknown head_map; unknown flags; scale not
+ * finite; A_log without dt_bias or the reverse; z without norm_w or the reverse; norm.eps not finite
+ * and > 0, or weight_offset not finite, when z is given; an operand of the wrong shape (q, k, v, z,
+ * out as above; a, b [T, Hv]; A_log, dt_bias [Hv]; norm_w [dv]); dtypes (q, k, v, out one of f32 /
+ * bf16 / f16; the others as above; state f32 or bf16); cu_seqlens not dense i32/i64 of at least 2
+ * entries; state_slots without state, or not dense i32/i64 of exactly n_seq entries; state not a
+ * 4-D [n_slots, Hv, dk, dv] buffer with distinct elements; a buffer on another device; overlaps
+ * (out and state against every other operand). UNSUPPORTED (CUDA): k_dim above 128 with a v_dim
+ * whose state does not fit the shared memory a block may use (256 x 256 needs 133 KB: H100, H200 and
+ * A100 have it). DEVICE: launch failure (CUDA).
+ * ---------------------------------------------------------------------------------------------- */
+
+#define LMK_GDN_NO_L2NORM 1u /* flags: q and k are used as given (default: L2-normalised) */
+
+typedef struct lmk_gdn_io {
+    const lmk_buffer *q, *k;           /* [T, Hk, dk]; strided views (slices of the conv output) */
+    const lmk_buffer *v;               /* [T, Hv, dv] */
+    const lmk_buffer *a, *b;           /* [T, Hv]: in_proj_a / in_proj_b outputs (or g and beta, below) */
+    const lmk_buffer *A_log, *dt_bias; /* [Hv], or both NULL: a holds g (log decay) and b holds beta */
+    const lmk_buffer *cu_seqlens;      /* [n_seq + 1] i32/i64, or NULL: one sequence of T tokens */
+    const lmk_buffer *state_slots;     /* [n_seq] i32/i64, or NULL: sequence s uses row s */
+    lmk_buffer *state;                 /* [n_slots, Hv, dk, dv] f32/bf16, any strides, in place; or NULL */
+    const lmk_buffer *z, *norm_w;      /* fused gated RMSNorm: z [T, Hv, dv] and norm_w [dv], or both NULL */
+    lmk_buffer *out;                   /* [T, Hv, dv], q's dtype */
+} lmk_gdn_io;
+
+typedef struct lmk_gdn_params {
+    uint32_t seq_len, n_k_heads, n_v_heads, k_dim, v_dim;
+    lmk_repeat_layout head_map; /* TILED 0: k head h % Hk (GGUF); BLOCK 1: h / (Hv/Hk) (Hugging Face) */
+    float scale;                /* q scale; 0 = 1/sqrt(k_dim) */
+    uint32_t flags;             /* LMK_GDN_NO_L2NORM */
+    lmk_rms_norm_params norm;   /* the gated norm's eps (> 0) and weight_offset, used when z is given */
+} lmk_gdn_params;
+
+LMK_API lmk_status lmk_gated_delta_rule(lmk_stream *s, const lmk_gdn_io *io, const lmk_gdn_params *p);
 
 #ifdef __cplusplus
 }

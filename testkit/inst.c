@@ -91,28 +91,39 @@ static const unsigned char *pool_of(tst_inst *in, lmk_dtype t, tst_rng *r)
     return in->pool[t];
 }
 
+typedef struct fill_sink {
+    unsigned char *host;
+    lmk_dtype dtype;
+    size_t es;
+    tst_rng *r;
+    const unsigned char *pool; /* TST_INST_FAST: tile from it */
+} fill_sink;
+
+static void fill_run(void *ctx, size_t elem, size_t row)
+{
+    fill_sink *k = ctx;
+    unsigned char *dst = k->host + elem * k->es;
+    if (!k->pool) {
+        tst_fill_random(k->r, k->dtype, dst, row);
+        return;
+    }
+    for (size_t done = 0; done < row;) {
+        const size_t from = tst_rng_below(k->r, (uint32_t)POOL_ELEMS);
+        const size_t n = row - done < POOL_ELEMS - from ? row - done : POOL_ELEMS - from;
+        memcpy(dst + done * k->es, k->pool + from * k->es, n * k->es);
+        done += n;
+    }
+}
+
 void tst_inst_fill(tst_inst *in, const lmk_buffer *view, tst_rng *r)
 {
     const tst_view *v = tst_mem_find(&in->mem, view);
     unsigned char *host = tst_mem_host(&in->mem, view);
     if (!v || !host)
         return;
-    const size_t es = lmk_dtype_size(v->dtype), row = v->n[2];
-    const unsigned char *pool = in->flags & TST_INST_FAST ? pool_of(in, v->dtype, r) : NULL;
-    for (size_t t = 0; t < v->n[0]; t++)
-        for (size_t h = 0; h < v->n[1]; h++) {
-            unsigned char *dst = host + (t * v->stride[0] + h * v->stride[1]) * es;
-            if (!pool) {
-                tst_fill_random(r, v->dtype, dst, row);
-                continue;
-            }
-            for (size_t done = 0; done < row;) {
-                const size_t from = tst_rng_below(r, (uint32_t)POOL_ELEMS);
-                const size_t n = row - done < POOL_ELEMS - from ? row - done : POOL_ELEMS - from;
-                memcpy(dst + done * es, pool + from * es, n * es);
-                done += n;
-            }
-        }
+    fill_sink k = {.host = host, .dtype = v->dtype, .es = lmk_dtype_size(v->dtype), .r = r,
+                   .pool = in->flags & TST_INST_FAST ? pool_of(in, v->dtype, r) : NULL};
+    tst_view_runs(v, fill_run, &k);
 }
 
 /* ---- the life of a case ---- */

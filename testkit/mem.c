@@ -82,14 +82,14 @@ lmk_status tst_mem_view(tst_mem *m, int region, size_t off, lmk_dtype dtype, con
     if (m->n_v == TST_MAX_VIEWS)
         return tst_fail(LMK_ERR_INVALID_ARGUMENT, "testkit: more than %d views in one case", TST_MAX_VIEWS);
     tst_view *v = &m->v[m->n_v];
-    *v = (tst_view){.region = region, .off = off, .dtype = dtype, .n = {n[0], n[1], n[2]},
+    *v = (tst_view){.region = region, .off = off, .dtype = dtype, .nd = 3, .n = {n[0], n[1], n[2]},
                     .stride = {n[1] * n[2], n[2], 1}, .output = output};
     const bool dense = !stride || (stride[0] == v->stride[0] && stride[1] == v->stride[1] && stride[2] == 1);
     lmk_status st;
     if (dense) {
         st = lmk_buffer_view(m->r[region].buf, off, dtype, n, 3, &v->buf);
     } else {
-        memcpy(v->stride, stride, sizeof v->stride);
+        memcpy(v->stride, stride, 3 * sizeof *stride);
         st = lmk_buffer_view_strided(m->r[region].buf, off, dtype, n, stride, 3, &v->buf);
     }
     if (st != LMK_OK)
@@ -97,6 +97,57 @@ lmk_status tst_mem_view(tst_mem *m, int region, size_t off, lmk_dtype dtype, con
     m->n_v++;
     *out = v->buf;
     return LMK_OK;
+}
+
+size_t tst_span_nd(int nd, const size_t *n, const size_t *stride, size_t es)
+{
+    size_t last = 0;
+    for (int i = 0; i < nd; i++) {
+        if (!n[i])
+            return 0;
+        last += (n[i] - 1) * stride[i];
+    }
+    return (last + 1) * es;
+}
+
+lmk_status tst_mem_view_nd(tst_mem *m, int region, size_t off, lmk_dtype dtype, int nd, const size_t *n,
+                           const size_t *stride, bool output, lmk_buffer **out)
+{
+    if (m->n_v == TST_MAX_VIEWS)
+        return tst_fail(LMK_ERR_INVALID_ARGUMENT, "testkit: more than %d views in one case", TST_MAX_VIEWS);
+    if (nd < 1 || nd > TST_VIEW_MAX_DIMS)
+        return tst_fail(LMK_ERR_INVALID_ARGUMENT, "testkit: a view of %d axes", nd);
+    tst_view *v = &m->v[m->n_v];
+    *v = (tst_view){.region = region, .off = off, .dtype = dtype, .nd = nd, .output = output};
+    for (int i = 0; i < nd; i++)
+        v->n[i] = n[i], v->stride[i] = stride[i];
+    const lmk_status st = lmk_buffer_view_strided(m->r[region].buf, off, dtype, n, stride, nd, &v->buf);
+    if (st != LMK_OK)
+        return st;
+    m->n_v++;
+    *out = v->buf;
+    return LMK_OK;
+}
+
+void tst_view_runs(const tst_view *v, void (*fn)(void *ctx, size_t elem, size_t len), void *ctx)
+{
+    const int nd = v->nd ? v->nd : 3;
+    const bool rows = v->stride[nd - 1] == 1 || v->n[nd - 1] == 1;
+    const int outer = rows ? nd - 1 : nd;
+    const size_t len = rows ? v->n[nd - 1] : 1;
+    size_t count = 1;
+    for (int i = 0; i < outer; i++)
+        count *= v->n[i];
+    if (!len)
+        return;
+    for (size_t r = 0; r < count; r++) {
+        size_t rem = r, e = 0;
+        for (int i = outer - 1; i >= 0; i--) {
+            e += rem % v->n[i] * v->stride[i];
+            rem /= v->n[i];
+        }
+        fn(ctx, e, len);
+    }
 }
 
 const tst_view *tst_mem_find(const tst_mem *m, const lmk_buffer *view)
@@ -165,6 +216,29 @@ static int cmp_range(const void *a, const void *b)
     return (x->lo > y->lo) - (x->lo < y->lo);
 }
 
+/* Runs of consecutive elements in a view (tst_view_runs). */
+static size_t run_count(const tst_view *v)
+{
+    const bool rows = v->stride[v->nd - 1] == 1 || v->n[v->nd - 1] == 1;
+    size_t count = 1;
+    for (int i = 0; i < (rows ? v->nd - 1 : v->nd); i++)
+        count *= v->n[i];
+    return count;
+}
+
+typedef struct range_sink {
+    range *r;
+    size_t *n;
+    size_t off, es;
+} range_sink;
+
+static void add_run(void *ctx, size_t elem, size_t len)
+{
+    range_sink *k = ctx;
+    const size_t lo = k->off + elem * k->es;
+    k->r[(*k->n)++] = (range){lo, lo + len * k->es};
+}
+
 /* The byte ranges of the output elements in region `ri`, sorted and merged; NULL with *n 0 when
  * there are none, NULL with *n SIZE_MAX when out of memory. */
 static range *output_ranges(const tst_mem *m, int ri, size_t *n)
@@ -172,7 +246,7 @@ static range *output_ranges(const tst_mem *m, int ri, size_t *n)
     size_t count = 0;
     for (int i = 0; i < m->n_v; i++)
         if (m->v[i].output && m->v[i].region == ri)
-            count += lmk_buffer_is_contiguous(m->v[i].buf) ? 1 : m->v[i].n[0] * m->v[i].n[1];
+            count += lmk_buffer_is_contiguous(m->v[i].buf) ? 1 : run_count(&m->v[i]);
     *n = 0;
     if (!count)
         return NULL;
@@ -187,14 +261,11 @@ static range *output_ranges(const tst_mem *m, int ri, size_t *n)
             continue;
         const size_t es = lmk_dtype_size(v->dtype);
         if (lmk_buffer_is_contiguous(v->buf)) {
-            r[(*n)++] = (range){v->off, v->off + tst_span(v->n, v->stride, es)};
+            r[(*n)++] = (range){v->off, v->off + tst_span_nd(v->nd, v->n, v->stride, es)};
             continue;
         }
-        for (size_t t = 0; t < v->n[0]; t++)
-            for (size_t h = 0; h < v->n[1]; h++) {
-                const size_t lo = v->off + (t * v->stride[0] + h * v->stride[1]) * es;
-                r[(*n)++] = (range){lo, lo + v->n[2] * es};
-            }
+        range_sink sink = {r, n, v->off, es};
+        tst_view_runs(v, add_run, &sink);
     }
     qsort(r, *n, sizeof *r, cmp_range);
     size_t k = 0;

@@ -97,9 +97,9 @@ void tst_cmp_f64(lmk_dtype dtype, const void *got, const double *want, size_t n,
 
 /* Guard bytes around the tensors of a region; a multiple of 256, so tensors start where allocators
  * put them (cudaMalloc and PyTorch's allocator align to 256 bytes or more) and a timed case's rows
- * sit on cache lines as a real model's do. With 64, every 512-byte Qwen3.5 row straddled a
- * 128-byte line and `lmk bench` timed in-place rope at 48 us where the same kernel on aligned
- * buffers takes 37 us (docs/cuda_notes.md, run 14); misaligned operands are cases of their own. */
+ * sit on cache lines as a real model's do: with 64, every 512-byte Qwen3.5 row straddles one more
+ * 128-byte line than it needs, and the bench times the extra line rather than the kernel
+ * (docs/decisions.md, "Bench and test kit"). Misaligned operands are cases of their own. */
 #define TST_GUARD 256
 #define TST_POISON 0xFFu        /* poison byte: NaN in f32, bf16 and f16; never a random input */
 
@@ -138,12 +138,16 @@ typedef struct tst_region {
     void *own;                  /* what the alloc hook made, else NULL */
 } tst_region;
 
+#define TST_VIEW_MAX_DIMS 4
+
 typedef struct tst_view {
     lmk_buffer *buf;
     int region;
     size_t off;                 /* byte offset of element [0, 0, 0] in the region */
     lmk_dtype dtype;
-    size_t n[3], stride[3];     /* shape and element strides (stride[2] == 1) */
+    int nd;                     /* 3 (tst_mem_view), or what tst_mem_view_nd was given */
+    size_t n[TST_VIEW_MAX_DIMS], stride[TST_VIEW_MAX_DIMS]; /* shape and element strides (tst_mem_view:
+                                   stride[2] == 1) */
     bool output;                /* the op writes its elements */
 } tst_view;
 
@@ -163,6 +167,15 @@ lmk_status tst_mem_region(tst_mem *m, size_t len, bool host_copy, int *idx);
  * (NULL: dense). `output`: the op writes it. */
 lmk_status tst_mem_view(tst_mem *m, int region, size_t off, lmk_dtype dtype, const size_t n[3],
                         const size_t *stride, bool output, lmk_buffer **out);
+/* A view of nd (1..TST_VIEW_MAX_DIMS) axes with any element strides (their elements distinct), such
+ * as a state pool in another engine's layout: lmk_buffer_view_strided of exactly that shape. */
+lmk_status tst_mem_view_nd(tst_mem *m, int region, size_t off, lmk_dtype dtype, int nd, const size_t *n,
+                           const size_t *stride, bool output, lmk_buffer **out);
+/* Bytes from element 0 to the end of the furthest element of an nd-axis view (0 when empty). */
+size_t tst_span_nd(int nd, const size_t *n, const size_t *stride, size_t es);
+/* Calls fn(ctx, element offset, run length) for every run of consecutive elements of view v:
+ * rows of its last axis when that has stride 1, single elements otherwise. */
+void tst_view_runs(const tst_view *v, void (*fn)(void *ctx, size_t elem, size_t len), void *ctx);
 /* Bytes from element [0,0,0] to the end of the last element of a [n0, n1, n2] view. */
 size_t tst_span(const size_t n[3], const size_t *stride, size_t es);
 /* The view record of a handle made by tst_mem_view, or NULL. */

@@ -264,20 +264,21 @@ static bool make_repeat(op_job *j, lmk_device *dev, tst_rng *rng, lmk_dtype dt)
     return true;
 }
 
-/* The attn_prologue case of the table named `model` at T tokens. */
-static bool make_inst(op_job *j, lmk_device *dev, const char *model, uint32_t T)
+/* The case of op `name`'s table whose name holds `model`, at T tokens. */
+static bool make_inst(op_job *j, lmk_device *dev, const char *name, const char *model, uint32_t T)
 {
-    const tst_op *op = tst_op_find("attn_prologue");
+    const tst_op *op = tst_op_find(name);
     for (int i = 0; op && i < op->n_cases(); i++) {
         const tst_case c = tst_op_case(op, i);
         if (c.T != T || !strstr(c.name, model))
             continue;
         j->call = call_inst, j->check = check_inst, j->want = LMK_OK;
-        snprintf(j->name, sizeof j->name, "attn_prologue T=%u %s // %s", T, lmk_dtype_name(c.dtype), model);
+        snprintf(j->name, sizeof j->name, "%s T=%u %s // %s", name, T, lmk_dtype_name(c.dtype),
+                 strncmp(model, "// ", 3) ? model : model + 3);
         return TST_REQUIRE(tst_inst_make(&c, dev, 1, 0, NULL, &j->inst) == LMK_OK, "%s: %s", j->name,
                            lmk_last_error());
     }
-    return TST_REQUIRE(0, "attn_prologue: no case %s at T=%u in the table", model, T);
+    return TST_REQUIRE(0, "%s: no case %s at T=%u in the table", name, model, T);
 }
 
 static void free_job(op_job *j)
@@ -352,8 +353,8 @@ static bool run_job(op_job *j, int n_threads, void *alt)
     return true;
 }
 
-/* The jobs of one stream: rope on both shapes and dtypes, repeat, attn_prologue, a rejected rope
- * call. */
+/* The jobs of one stream: rope on both shapes and dtypes, repeat, attn_prologue, the Gated DeltaNet
+ * ops, a rejected rope call. */
 static int make_jobs(op_job *jobs, lmk_device *dev, tst_rng *rng)
 {
     static const tst_attn_shape shapes[2] = {
@@ -368,8 +369,16 @@ static int make_jobs(op_job *jobs, lmk_device *dev, tst_rng *rng)
                 return n;
     if (!make_repeat(&jobs[n++], dev, rng, LMK_F32))
         return n;
-    if (!make_inst(&jobs[n++], dev, "Qwen3-8B", 37) || !make_inst(&jobs[n++], dev, "Qwen3.5/3.6-27B, f8 cache", 37) ||
-        !make_inst(&jobs[n++], dev, "edge: head_dim 32", 37))
+    if (!make_inst(&jobs[n++], dev, "attn_prologue", "Qwen3-8B", 37) ||
+        !make_inst(&jobs[n++], dev, "attn_prologue", "Qwen3.5/3.6-27B, f8 cache", 37) ||
+        !make_inst(&jobs[n++], dev, "attn_prologue", "edge: head_dim 32", 37))
+        return n;
+    /* The Gated DeltaNet ops: a prompt and a decode batch of each (their tiles are on the stack). */
+    if (!make_inst(&jobs[n++], dev, "causal_conv1d", "// Qwen3.5-27B prompt, out of place", 256) ||
+        !make_inst(&jobs[n++], dev, "causal_conv1d", "// Qwen3-Next decode batch", 128) ||
+        !make_inst(&jobs[n++], dev, "gated_delta_rule", "// Qwen3.5-27B prompt", 37) ||
+        !make_inst(&jobs[n++], dev, "gated_delta_rule", "// Qwen3.5-27B decode batch", 64) ||
+        !make_inst(&jobs[n++], dev, "gated_delta_rule", "// edge: the largest head dims", 3))
         return n;
     op_job *bad = &jobs[n++]; /* as the first rope job, with freq_base NaN (rule R5) */
     if (!make_rope(bad, dev, rng, &shapes[0], LMK_F32))
@@ -395,7 +404,7 @@ int main(void)
         if (!TST_REQUIRE(lmk_device_set_threads(dev, nt) == LMK_OK && lmk_stream_create(dev, &s) == LMK_OK,
                          "stream with %d threads: %s", nt, lmk_last_error()))
             break;
-        op_job jobs[12];
+        op_job jobs[18];
         memset(jobs, 0, sizeof jobs);
         const int n = make_jobs(jobs, dev, &rng);
         for (int i = 0; i < n && alive; i++) {

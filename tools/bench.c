@@ -103,7 +103,10 @@ static const headline k_headline[] = {
      "attn_prologue, Qwen3.5-27B q|gate+norm+cache"},
     {"repeat", 4106, LMK_BF16, {"repeat_heads block 8->32"}, "repeat_heads block 8->32, Llama-3.1-8B k"},
     {"repeat", 4106, LMK_BF16, {"repeat_heads tiled 16->48"}, "repeat_heads tiled 16->48, Qwen3.5-27B q"},
-    /* Gated DeltaNet (causal_conv1d, gated_delta_rule): their headline rows go here. */
+    {"causal_conv1d", 4106, LMK_BF16, {"C=10240 W=4 T=4106", "// Qwen3.5-27B prompt"},
+     "causal_conv1d, Qwen3.5-27B GDN in place"},
+    {"causal_conv1d", 1, LMK_BF16, {"seqs=decode/256 "}, "causal_conv1d decode x256, Qwen3.5-27B"},
+    {"gated_delta_rule", 1, LMK_BF16, {"seqs=decode/64 "}, "gated_delta_rule decode x64, Qwen3.5-27B"},
 };
 #define N_HEADLINE (int)(sizeof k_headline / sizeof k_headline[0])
 

@@ -170,6 +170,29 @@ bool lmk_tensor3_overlap(const lmk_tensor3 *a, const lmk_tensor3 *b);
 lmk_status lmk_check_overlaps(const char *op, const lmk_tensor3 *ops, const char *const *names, int n_ops,
                               const int *out_idx, const int *own_input, int n_out);
 
+/* An operand of logical shape [n0, n1] (tokens, channels): a dense buffer of exactly n0*n1
+ * elements, whatever its declared shape, or a 2-D buffer of exactly that shape whose last axis has
+ * stride 1, with any token stride (lmk.h, "Gated DeltaNet"). Resolved as [n0, 1, n1]. */
+lmk_status lmk_operand2(const char *op, const char *name, const lmk_buffer *b, size_t n0, size_t n1,
+                        lmk_tensor3 *out);
+
+/* A state pool: a buffer of exactly `ndim` axes whose shape is n[0..ndim) except the first axis
+ * (the pool's rows, any count), with any strides whose elements are distinct (src/core/pool.c). */
+#define LMK_POOL_MAX_DIMS 4
+typedef struct lmk_pool {
+    unsigned char *data;
+    int ndim;
+    size_t n[LMK_POOL_MAX_DIMS];      /* n[0]: rows of the pool */
+    size_t stride[LMK_POOL_MAX_DIMS]; /* in elements */
+    size_t es;
+} lmk_pool;
+/* Resolves b as the pool `name` of `ndim` axes with trailing shape n[1..ndim) (n[0] is read from
+ * b). Fails with INVALID_ARGUMENT naming the operand, its shape and strides. */
+lmk_status lmk_operand_pool(const char *op, const char *name, const lmk_buffer *b, int ndim, const size_t *n,
+                            lmk_pool *out);
+/* Whether the pool may share a byte with t (by extents: conservative). */
+bool lmk_pool_overlaps(const lmk_pool *p, const lmk_tensor3 *t);
+
 /* Thread count the CPU backend uses by default (LMK_NUM_THREADS, else online cores). */
 int lmk_default_threads(void);
 

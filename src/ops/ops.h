@@ -13,7 +13,9 @@
 #define LMK_OPS(X) \
     X(repeat)      \
     X(rope)        \
-    X(attn_prologue)
+    X(attn_prologue) \
+    X(causal_conv1d) \
+    X(gated_delta_rule)
 
 typedef enum lmk_op_id {
 #define LMK_OP_ENUM(name) LMK_OP_##name,
