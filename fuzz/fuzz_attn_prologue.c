@@ -36,20 +36,6 @@ static const char *const k_names[N_OPS] = {"q_in", "k_in", "v_in", "q_norm_w", "
                                            "freq_factors", "slots", "q_out", "k_out", "k_cache", "v_cache"};
 enum { VALID, INVALID, MAY_REJECT };
 
-/* splitmix64 for bulk data, so the harness depends on fuzz_common.h only for its plumbing. */
-static uint64_t ap_rand(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double ap_uniform(uint64_t *s, double lo, double hi)
-{
-    return lo + (hi - lo) * ((double)(ap_rand(s) >> 11) / 9007199254740992.0);
-}
-
 /* One call: its parameters, operands and what the harness knows about them. */
 typedef struct ap_call {
     lmk_rope_params rope;
@@ -466,11 +452,6 @@ static bool cache3(const lmk_buffer *b, size_t heads, size_t dim, lmk_tensor3 *t
            operand3(b, n / (heads * dim), heads, dim, t);
 }
 
-static bool is_float(lmk_dtype t)
-{
-    return t == LMK_F32 || t == LMK_BF16 || t == LMK_F16;
-}
-
 /* A dense buffer of dtype in {t0, t1, t2} with `n` elements (at least n when at_least). */
 static bool flat_ok(const lmk_buffer *b, lmk_dtype t0, lmk_dtype t1, lmk_dtype t2, size_t n, bool at_least)
 {
@@ -519,7 +500,7 @@ static bool operands_ok(const ap_call *c, lmk_tensor3 *t, uint32_t *dv)
         return false;
     const lmk_dtype dt = lmk_buffer_dtype(o[Q_IN]);
     if (lmk_buffer_dtype(o[Q_OUT]) != dt || lmk_buffer_dtype(o[K_IN]) != dt ||
-        (o[K_OUT] && lmk_buffer_dtype(o[K_OUT]) != dt) || !is_float(dt))
+        (o[K_OUT] && lmk_buffer_dtype(o[K_OUT]) != dt) || !fz_is_float(dt))
         return false;
     if (!flat_ok(o[POS], LMK_I32, LMK_U32, LMK_I64, (is_multi(p->mode) ? 4 : 1) * T, false) ||
         (o[FF] && !flat_ok(o[FF], LMK_F32, LMK_F32, LMK_F32, p->rope_dim / 2, true)))
@@ -673,62 +654,34 @@ static int oracle(const fz_env *e, const ap_call *c, lmk_tensor3 *t, uint32_t *d
 
 /* ---- values ---- */
 
-/* Calls fn on the byte address of every element of b (any ndim, any strides). */
-static void for_each(const lmk_buffer *b, void (*fn)(unsigned char *p, lmk_dtype t, void *ctx), void *ctx)
-{
-    const int nd = lmk_buffer_ndim(b);
-    const lmk_dtype t = lmk_buffer_dtype(b);
-    const size_t n = lmk_buffer_element_count(b), es = lmk_dtype_size(t);
-    unsigned char *base = lmk_buffer_data(b);
-    for (size_t k = 0; k < n; k++) {
-        size_t rest = k, off = 0;
-        for (int a = nd - 1; a >= 0; a--) {
-            off += rest % lmk_buffer_dim(b, a) * lmk_buffer_stride(b, a);
-            rest /= lmk_buffer_dim(b, a);
-        }
-        fn(base + off * es, t, ctx);
-    }
-}
-
 typedef struct fill_ctx {
     uint64_t *r;
     unsigned cls;
     double lo, hi;
 } fill_ctx;
 
-static void put_float(unsigned char *p, lmk_dtype t, double v)
-{
-    const float f = (float)v;
-    if (t == LMK_F32) {
-        memcpy(p, &f, 4);
-    } else if (t == LMK_BF16 || t == LMK_F16) {
-        const uint16_t h = t == LMK_BF16 ? lmk_f32_to_bf16(f) : lmk_f32_to_f16(f);
-        memcpy(p, &h, 2);
-    }
-}
-
 /* Class 0-4: uniform in [lo, hi]; 5: specials among them; 6: raw bits; 7: large. */
 static void fill_one(unsigned char *p, lmk_dtype t, void *vctx)
 {
     fill_ctx *x = vctx;
     static const float specials[] = {NAN, INFINITY, -INFINITY, -0.0f, 1e-40f, 3e38f, 65504.0f, 1e5f};
-    const uint64_t bits = ap_rand(x->r);
+    const uint64_t bits = fz_rand(x->r);
     if (x->cls == 6)
         memcpy(p, &bits, lmk_dtype_size(t) < 8 ? lmk_dtype_size(t) : 8);
     else if (x->cls == 5 && (bits & 15) == 0)
-        put_float(p, t, specials[(bits >> 4) % 8]);
+        fz_put_float(p, t, specials[(bits >> 4) % 8]);
     else
-        put_float(p, t, x->cls == 7 ? ap_uniform(x->r, -1e4, 1e4) : ap_uniform(x->r, x->lo, x->hi));
+        fz_put_float(p, t, x->cls == 7 ? fz_uniform(x->r, -1e4, 1e4) : fz_uniform(x->r, x->lo, x->hi));
 }
 
 static void fill_values(fz_in *in, lmk_buffer *b, uint64_t *r, double lo, double hi)
 {
-    if (!b || !is_float(lmk_buffer_dtype(b)))
+    if (!b || !fz_is_float(lmk_buffer_dtype(b)))
         return;
     fill_ctx x = {r, fz_pick(in, 8), lo, hi};
     if (x.cls < 5 || fz_pick(in, 2))
         x.cls = 0;
-    for_each(b, fill_one, &x);
+    fz_for_each(b, fill_one, &x);
 }
 
 /* Positions: text (start + i), random up to 5000, extremes, or raw. */
@@ -741,7 +694,7 @@ static void fill_positions(fz_in *in, lmk_buffer *b, uint32_t T, uint64_t *r)
     const int64_t start = fz_pick(in, 200) * (fz_pick(in, 2) ? 1 : 300);
     static const int64_t ext[] = {INT32_MIN, INT32_MAX, -1, 1 << 20, (int64_t)1 << 40, INT64_MIN};
     for (size_t i = 0; i < lmk_buffer_element_count(b); i++) {
-        const uint64_t x = ap_rand(r);
+        const uint64_t x = fz_rand(r);
         const int64_t v = cls == 4 ? ext[x % 6] : cls == 5 ? (int64_t)x : cls == 3 ? (int64_t)(x % 5000)
                                                                           : start + (int64_t)(T ? i % T : i);
         if (t == LMK_I64)
@@ -777,9 +730,9 @@ static void fill_slots(lmk_buffer *b, size_t rows, uint64_t *r)
     const int64_t pads[] = {-1, INT32_MIN, INT32_MAX, (int64_t)rows, (int64_t)rows + 3, ((int64_t)1 << 32) + 1,
                             INT64_MIN, INT64_MAX};
     bool used[8] = {false};
-    size_t next = rows ? ap_rand(r) % rows : 0, valid = 0;
+    size_t next = rows ? fz_rand(r) % rows : 0, valid = 0;
     for (size_t i = 0; i < n; i++) {
-        const uint64_t x = ap_rand(r);
+        const uint64_t x = fz_rand(r);
         const unsigned k = (unsigned)((x >> 2) % (t == LMK_I64 ? 8 : 5));
         int64_t v = -1;
         if ((x & 3) != 0 && valid < rows)
@@ -800,7 +753,7 @@ static void fill_slots(lmk_buffer *b, size_t rows, uint64_t *r)
 static void fill_all(fz_in *in, fz_env *e, ap_call *c, uint64_t *r)
 {
     for (size_t i = 0; i < FZ_ARENA_BYTES; i += 8) {
-        const uint64_t x = ap_rand(r);
+        const uint64_t x = fz_rand(r);
         memcpy(e->arena + i, &x, 8);
     }
     fill_values(in, c->op[Q_IN], r, -2.0, 2.0);
@@ -810,8 +763,8 @@ static void fill_all(fz_in *in, fz_env *e, ap_call *c, uint64_t *r)
     fill_values(in, c->op[KW], r, -0.5, 1.5);
     if (c->op[FF] && lmk_buffer_dtype(c->op[FF]) == LMK_F32)
         for (size_t i = 0; i < lmk_buffer_element_count(c->op[FF]); i++)
-            put_float((unsigned char *)lmk_buffer_data(c->op[FF]) + 4 * i, LMK_F32,
-                      fz_pick(in, 16) == 15 ? (double)wild_float(in) : ap_uniform(r, 0.5, 8.0));
+            fz_put_float((unsigned char *)lmk_buffer_data(c->op[FF]) + 4 * i, LMK_F32,
+                         fz_pick(in, 16) == 15 ? (double)wild_float(in) : fz_uniform(r, 0.5, 8.0));
     fill_positions(in, c->op[POS], c->rope.seq_len, r);
     const size_t hk = c->rope.n_k_heads, d = c->rope.head_dim;
     const size_t rk = rows_of(c->op[K_CACHE], hk, d), rv = rows_of(c->op[V_CACHE], hk, c->dv);
@@ -1052,24 +1005,11 @@ static void check_rerun(fz_env *e, fz_world *w, const ap_call *c)
  * from a generator seeded with a hash of the input. Every input is still one deterministic call. */
 #define AP_BYTES 512
 
-static fz_in extend(const uint8_t *data, size_t size, uint8_t *buf)
-{
-    const size_t n = size < AP_BYTES ? size : AP_BYTES;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < size; i++)
-        h = (h ^ data[i]) * 0x100000001b3ull;
-    if (n)
-        memcpy(buf, data, n);
-    for (size_t i = n; i < AP_BYTES; i++)
-        buf[i] = (uint8_t)ap_rand(&h);
-    return (fz_in){buf, AP_BYTES};
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     uint8_t buf[AP_BYTES];
-    fz_in in = extend(data, size, buf);
+    fz_in in = fz_extend(data, size, buf, AP_BYTES);
     fz_env *e = fz_env_get();
     const long live_before = atomic_load(&fz_n_live);
     fz_call fc;

@@ -54,77 +54,13 @@ enum { SLOTS_DISTINCT, SLOTS_DUPLICATE, SLOTS_PADDING };  /* what state_slots is
 #define CV_MAX_C 160
 #define CV_ARENA_BUDGET (40u << 10) /* x and y together, so the other operands fit beside them */
 
-/* splitmix64: bulk values and the stream that extends short inputs. */
-static uint64_t cv_rand(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double cv_uniform(uint64_t *s, double lo, double hi)
-{
-    return lo + (hi - lo) * ((double)(cv_rand(s) >> 11) / 9007199254740992.0);
-}
-
-/* ---- devices: one per instruction-set level, each with streams of 1, 2 and 3 threads ---- */
-
-typedef struct cv_level {
-    fz_env env;          /* its device, arena and arena parent; env.stream has 2 threads */
-    lmk_stream *alt[2];  /* 1 and 3 threads: the determinism rerun */
-} cv_level;
-
-static void level_streams(cv_level *l)
-{
-    lmk_device *d = l->env.dev;
-    FZ_CHECK(lmk_device_set_threads(d, 1) == LMK_OK && lmk_stream_create(d, &l->alt[0]) == LMK_OK, "1-thread stream");
-    FZ_CHECK(lmk_device_set_threads(d, 3) == LMK_OK && lmk_stream_create(d, &l->alt[1]) == LMK_OK, "3-thread stream");
-    FZ_CHECK(lmk_device_set_threads(d, 2) == LMK_OK, "lmk_device_set_threads");
-}
-
-/* Level 0: LMK_CPU_ISA=scalar; 1: avx2; 2: the environment's (fz_env_get's device). */
-static cv_level *level_get(unsigned i)
-{
-    static cv_level lv[3];
-    static bool ready;
-    if (!ready) {
-        fz_env *base = fz_env_get();
-        const char *env = getenv("LMK_CPU_ISA");
-        char saved[64] = "";
-        if (env)
-            snprintf(saved, sizeof saved, "%s", env);
-        static const char *const isa[2] = {"scalar", "avx2"};
-        for (int l = 0; l < 2; l++) {
-            fz_env *e = &lv[l].env;
-            setenv("LMK_CPU_ISA", isa[l], 1);
-            FZ_CHECK(lmk_device_open(LMK_BACKEND_CPU, 0, &e->dev) == LMK_OK, "cannot open the %s device", isa[l]);
-            e->other = base->other;
-            FZ_CHECK(lmk_device_set_threads(e->dev, 2) == LMK_OK && lmk_stream_create(e->dev, &e->stream) == LMK_OK,
-                     "cannot create a stream");
-            FZ_CHECK(posix_memalign((void **)&e->arena, 64, FZ_ARENA_BYTES) == 0, "harness: no arena");
-            FZ_CHECK(lmk_buffer_wrap(e->dev, e->arena, FZ_ARENA_BYTES, LMK_U8, NULL, 0, &e->parent) == LMK_OK,
-                     "cannot wrap the arena");
-        }
-        if (env)
-            setenv("LMK_CPU_ISA", saved, 1);
-        else
-            unsetenv("LMK_CPU_ISA");
-        lv[2].env = *base;
-        for (int l = 0; l < 3; l++)
-            level_streams(&lv[l]);
-        ready = true;
-    }
-    return &lv[i % 3];
-}
-
 /* ---- one call ---- */
 
 typedef struct cv_call {
     lmk_causal_conv1d_params p;
     bool null_p;
     lmk_stream *s;
-    cv_level *lv;
+    fz_level *lv;
     fz_env *e;
     lmk_buffer *op[N_OPS];
     size_t bump;          /* next free byte of the arena */
@@ -571,83 +507,6 @@ static void corrupt(fz_in *in, fz_call *fc, cv_call *c)
 
 /* ---- values ---- */
 
-/* Calls fn on the byte address of every element of b (any ndim, any strides). */
-static void for_each(const lmk_buffer *b, void (*fn)(unsigned char *p, lmk_dtype t, void *ctx), void *ctx)
-{
-    const int nd = lmk_buffer_ndim(b);
-    const lmk_dtype t = lmk_buffer_dtype(b);
-    const size_t n = lmk_buffer_element_count(b), es = lmk_dtype_size(t);
-    unsigned char *base = lmk_buffer_data(b);
-    for (size_t k = 0; k < n; k++) {
-        size_t rest = k, off = 0;
-        for (int a = nd - 1; a >= 0; a--) {
-            off += rest % lmk_buffer_dim(b, a) * lmk_buffer_stride(b, a);
-            rest /= lmk_buffer_dim(b, a);
-        }
-        fn(base + off * es, t, ctx);
-    }
-}
-
-typedef struct fill_ctx {
-    uint64_t *r;
-    unsigned cls; /* 0: uniform in [lo, hi); 1: specials among them; 2: raw bits; 3: large */
-    double lo, hi;
-} fill_ctx;
-
-static void put_float(unsigned char *p, lmk_dtype t, double v)
-{
-    const float f = (float)v;
-    if (t == LMK_F32) {
-        memcpy(p, &f, 4);
-    } else if (t == LMK_BF16 || t == LMK_F16) {
-        const uint16_t h = t == LMK_BF16 ? lmk_f32_to_bf16(f) : lmk_f32_to_f16(f);
-        memcpy(p, &h, 2);
-    }
-}
-
-static void fill_one(unsigned char *p, lmk_dtype t, void *vctx)
-{
-    fill_ctx *x = vctx;
-    static const float specials[] = {NAN, INFINITY, -INFINITY, -0.0f, 1e-40f, 3e38f, 65504.0f, 1e5f};
-    const uint64_t bits = cv_rand(x->r);
-    if (x->cls == 2)
-        memcpy(p, &bits, lmk_dtype_size(t) < 8 ? lmk_dtype_size(t) : 8);
-    else if (x->cls == 1 && (bits & 15) == 0)
-        put_float(p, t, specials[(bits >> 4) % 8]);
-    else
-        put_float(p, t, x->cls == 3 ? cv_uniform(x->r, -1e4, 1e4) : cv_uniform(x->r, x->lo, x->hi));
-}
-
-static void fill_values(fz_in *in, bool sane, const lmk_buffer *b, uint64_t *r, double lo, double hi)
-{
-    if (!b)
-        return;
-    fill_ctx x = {r, 0, lo, hi};
-    if (fz_pick(in, sane ? 16 : 4) == 0)
-        x.cls = 1 + fz_pick(in, 3);
-    for_each(b, fill_one, &x);
-}
-
-static void put_index(const lmk_buffer *b, size_t i, int64_t v)
-{
-    unsigned char *p = lmk_buffer_data(b);
-    if (lmk_buffer_dtype(b) == LMK_I64) {
-        memcpy(p + 8 * i, &v, 8);
-    } else if (lmk_buffer_dtype(b) == LMK_I32) {
-        const int32_t w = (int32_t)v;
-        memcpy(p + 4 * i, &w, 4);
-    }
-}
-
-static void sort_i64(int64_t *v, size_t n)
-{
-    for (size_t i = 1; i < n; i++)
-        for (size_t j = i; j > 0 && v[j] < v[j - 1]; j--) {
-            const int64_t x = v[j];
-            v[j] = v[j - 1], v[j - 1] = x;
-        }
-}
-
 /* cu_seqlens: a valid partition of T (decode batches: one token a sequence, then empty ones),
  * the same with one entry broken, or wild values. */
 static void fill_cu(fz_in *in, const cv_call *c, const lmk_buffer *b, uint64_t *r)
@@ -659,9 +518,9 @@ static void fill_cu(fz_in *in, const cv_call *c, const lmk_buffer *b, uint64_t *
     int64_t *v = malloc(n * sizeof *v);
     FZ_CHECK(v != NULL, "harness: out of memory");
     for (size_t i = 0; i < n; i++)
-        v[i] = c->seq_mode == 2 ? ((int64_t)i < T ? (int64_t)i : T) : (int64_t)(cv_rand(r) % (uint64_t)(T + 1));
+        v[i] = c->seq_mode == 2 ? ((int64_t)i < T ? (int64_t)i : T) : (int64_t)(fz_rand(r) % (uint64_t)(T + 1));
     v[0] = 0, v[n - 1] = T;
-    sort_i64(v, n);
+    fz_sort_i64(v, n);
     const int64_t wild[] = {-1, 0, T, T + 1, T / 2, INT32_MIN, INT32_MAX, INT64_MIN, INT64_MAX,
                             (int64_t)1 << 32, ((int64_t)1 << 32) + 1, -((int64_t)1 << 32), T + 1000};
     const size_t k = fz_pick(in, (unsigned)(n < 256 ? n : 256));
@@ -674,10 +533,10 @@ static void fill_cu(fz_in *in, const cv_call *c, const lmk_buffer *b, uint64_t *
         }
     } else if (c->cu_fill == CU_WILD) {
         for (size_t i = 0; i < n; i++)
-            v[i] = fz_pick(in, 3) ? wild[fz_pick(in, 13)] : (int64_t)(cv_rand(r) % (uint64_t)(T + 7)) - 3;
+            v[i] = fz_pick(in, 3) ? wild[fz_pick(in, 13)] : (int64_t)(fz_rand(r) % (uint64_t)(T + 7)) - 3;
     }
     for (size_t i = 0; i < n; i++)
-        put_index(b, i, v[i]);
+        fz_put_index(b, i, v[i]);
     free(v);
 }
 
@@ -688,9 +547,9 @@ static void fill_slots(fz_in *in, const cv_call *c, const lmk_buffer *b, uint64_
     const size_t n = lmk_buffer_element_count(b);
     if (!lmk_buffer_is_contiguous(b))
         return;
-    uint64_t next = rows ? cv_rand(r) % rows : 0, used = 0;
+    uint64_t next = rows ? fz_rand(r) % rows : 0, used = 0;
     for (size_t i = 0; i < n; i++) {
-        const uint64_t x = cv_rand(r);
+        const uint64_t x = fz_rand(r);
         const int64_t pads[] = {-1, (int64_t)rows, (int64_t)rows + 5, INT32_MIN, INT32_MAX, INT64_MIN, INT64_MAX,
                                 ((int64_t)1 << 32) + (int64_t)(rows ? x % rows : 0), -((int64_t)1 << 32) + 1};
         int64_t v = pads[(x >> 8) % 9];
@@ -698,7 +557,7 @@ static void fill_slots(fz_in *in, const cv_call *c, const lmk_buffer *b, uint64_
             v = (int64_t)(next++ % rows), used++;
         else if (c->slot_fill == SLOTS_DUPLICATE && (x & 3) && rows)
             v = (int64_t)((x >> 16) % (rows < 3 ? rows : 3 + fz_pick(in, 2) * (rows - 3)));
-        put_index(b, i, v);
+        fz_put_index(b, i, v);
     }
 }
 
@@ -708,13 +567,13 @@ static void fill_all(fz_in *in, fz_call *fc, cv_call *c, uint64_t *r)
 {
     for (int i = 0; i < fc->world.n; i++) /* random bytes everywhere: what an op must not touch */
         for (size_t j = 0; j < fc->world.r[i].len; j += 8) {
-            const uint64_t x = cv_rand(r);
+            const uint64_t x = fz_rand(r);
             memcpy(fc->world.r[i].base + j, &x, fc->world.r[i].len - j < 8 ? fc->world.r[i].len - j : 8);
         }
-    fill_values(in, fc->sane, c->op[STATE], r, -2.0, 2.0);
-    fill_values(in, fc->sane, c->op[WEIGHT], r, -1.0, 1.0);
-    fill_values(in, fc->sane, c->op[BIAS], r, -1.0, 1.0);
-    fill_values(in, fc->sane, c->op[X], r, -2.0, 2.0);
+    fz_fill_values(in, fc->sane, c->op[STATE], r, -2.0, 2.0);
+    fz_fill_values(in, fc->sane, c->op[WEIGHT], r, -1.0, 1.0);
+    fz_fill_values(in, fc->sane, c->op[BIAS], r, -1.0, 1.0);
+    fz_fill_values(in, fc->sane, c->op[X], r, -2.0, 2.0);
     if (c->op[CU])
         fill_cu(in, c, c->op[CU], r);
     const lmk_buffer *s = c->op[STATE];
@@ -731,35 +590,13 @@ typedef struct cv_view {
     size_t n_seq;
 } cv_view;
 
-static bool is_float(lmk_dtype t)
-{
-    return t == LMK_F32 || t == LMK_BF16 || t == LMK_F16;
-}
-
-/* A [n0, n1] operand: a dense buffer of exactly n0*n1 elements, or a 2-D buffer of exactly that
- * shape with last stride 1 and any token stride; resolved as [n0, 1, n1]. */
-static bool operand2(const lmk_buffer *b, size_t n0, size_t n1, lmk_tensor3 *t)
-{
-    size_t count;
-    if (__builtin_mul_overflow(n0, n1, &count))
-        return false;
-    *t = (lmk_tensor3){.data = lmk_buffer_data(b), .n = {n0, 1, n1}, .stride = {n1, n1, 1},
-                       .es = lmk_dtype_size(lmk_buffer_dtype(b))};
-    if (lmk_buffer_ndim(b) == 2 && lmk_buffer_dim(b, 0) == n0 && lmk_buffer_dim(b, 1) == n1 &&
-        (lmk_buffer_stride(b, 1) == 1 || n1 == 1)) {
-        t->stride[0] = lmk_buffer_stride(b, 0);
-        return true;
-    }
-    return lmk_buffer_is_contiguous(b) && lmk_buffer_element_count(b) == count;
-}
-
 /* A dense buffer of one of the dtypes in `ok` (a float vector or an index array) with exactly n
  * elements, or at least n when at_least. */
 static bool flat_ok(const lmk_buffer *b, bool floats, size_t n, bool at_least)
 {
     const lmk_dtype t = lmk_buffer_dtype(b);
     const size_t have = lmk_buffer_element_count(b);
-    const bool dtype_ok = floats ? is_float(t) : t == LMK_I32 || t == LMK_I64;
+    const bool dtype_ok = floats ? fz_is_float(t) : t == LMK_I32 || t == LMK_I64;
     return dtype_ok && lmk_buffer_is_contiguous(b) && (at_least ? have >= n : have == n);
 }
 
@@ -774,10 +611,10 @@ static bool rules_ok(const cv_call *c, cv_view *v)
         (p->activation != LMK_ACT_NONE && p->activation != LMK_ACT_SILU))
         return false;
     const size_t T = p->seq_len, C = p->channels, W = p->width;
-    if (!operand2(o[X], T, C, &v->t[X]) || !operand2(o[Y], T, C, &v->t[Y]))
+    if (!fz_operand2(o[X], T, C, &v->t[X]) || !fz_operand2(o[Y], T, C, &v->t[Y]))
         return false;
     const lmk_dtype dt = lmk_buffer_dtype(o[X]);
-    if (lmk_buffer_dtype(o[Y]) != dt || !is_float(dt))
+    if (lmk_buffer_dtype(o[Y]) != dt || !fz_is_float(dt))
         return false;
     if (!flat_ok(o[WEIGHT], true, C * W, false) || (o[BIAS] && !flat_ok(o[BIAS], true, C, false)))
         return false;
@@ -856,41 +693,6 @@ static unsigned marks_sharing(const fz_world *w, const cv_marks *mk, int a)
     return with & ~(1u << a);
 }
 
-/* Whether a layout is nested (its strides, sorted, each step past everything inside them): the
- * layouts whose distinct elements lmk can prove distinct. */
-static bool nested(const size_t *n_in, const size_t *s_in, int nd)
-{
-    size_t n[4], s[4], reach = 1;
-    int k = 0;
-    for (int i = 0; i < nd; i++)
-        if (n_in[i] > 1)
-            n[k] = n_in[i], s[k] = s_in[i], k++;
-    for (int i = 1; i < k; i++)
-        for (int j = i; j > 0 && s[j] < s[j - 1]; j--) {
-            size_t x = s[j]; s[j] = s[j - 1]; s[j - 1] = x;
-            x = n[j]; n[j] = n[j - 1]; n[j - 1] = x;
-        }
-    for (int i = 0; i < k; i++) {
-        if (s[i] < reach)
-            return false;
-        reach += (n[i] - 1) * s[i];
-    }
-    return true;
-}
-
-/* Tensors side by side in one row: token-major with one token stride, each token's elements
- * inside it. lmk.h's overlap rule is exact for them: disjoint elements must be accepted. */
-static bool side_by_side(const lmk_tensor3 *a, const lmk_tensor3 *b)
-{
-    if (a->n[0] < 2 || b->n[0] < 2 || a->stride[0] * a->es != b->stride[0] * b->es)
-        return false;
-    const size_t period = a->stride[0] * a->es;
-    const size_t fa = ((a->n[1] - 1) * a->stride[1] + a->n[2]) * a->es;
-    const size_t fb = ((b->n[1] - 1) * b->stride[1] + b->n[2]) * b->es;
-    return fa <= period && fb <= period && (a->n[1] < 2 || a->stride[1] >= a->n[2]) &&
-           (b->n[1] < 2 || b->stride[1] >= b->n[2]);
-}
-
 /* The byte extent [lo, hi) of an operand (the pool: of its shape and strides). */
 static void extent(const cv_view *v, int op, uintptr_t *lo, uintptr_t *hi)
 {
@@ -914,7 +716,7 @@ static int judge_output(const fz_world *w, const cv_marks *mk, const cv_call *c,
     if (mk->self[out])
         return INVALID;
     int verdict = VALID;
-    if (out == STATE ? !nested(v->pn, v->ps, 3) : !nested(v->t[out].n, v->t[out].stride, 3))
+    if (out == STATE ? !fz_nested(v->pn, v->ps, 3) : !fz_nested(v->t[out].n, v->t[out].stride, 3))
         verdict = MAY_REJECT;
     uintptr_t lo, hi;
     extent(v, out, &lo, &hi);
@@ -926,7 +728,7 @@ static int judge_output(const fz_world *w, const cv_marks *mk, const cv_call *c,
             return INVALID;
         uintptr_t l2, h2;
         extent(v, i, &l2, &h2);
-        if (lo < h2 && l2 < hi && (out == STATE || i == STATE || !side_by_side(&v->t[out], &v->t[i])))
+        if (lo < h2 && l2 < hi && (out == STATE || i == STATE || !fz_side_by_side(&v->t[out], &v->t[i])))
             verdict = MAY_REJECT;
     }
     return verdict;
@@ -1185,22 +987,6 @@ static void check_rejected(fz_world *w, const cv_call *c, lmk_status st, int ver
     FZ_CHECK(fz_world_changed(w, NULL, NULL, 0) == NULL, "a rejected %s changed a byte", what);
 }
 
-/* The bytes a call is read from: the input, then bytes drawn from a generator seeded with a hash
- * of the input (an input is rarely long enough for the many choices of one call, and reads past
- * the end would all give 0, the same poor call). Every input is still one deterministic call. */
-static fz_in extend(const uint8_t *data, size_t size, uint8_t *buf)
-{
-    const size_t n = size < CV_BYTES ? size : CV_BYTES;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < size; i++)
-        h = (h ^ data[i]) * 0x100000001b3ull;
-    if (n)
-        memcpy(buf, data, n);
-    for (size_t i = n; i < CV_BYTES; i++)
-        buf[i] = (uint8_t)cv_rand(&h);
-    return (fz_in){buf, CV_BYTES};
-}
-
 static void tally(const cv_call *c, const cv_view *v, int verdict)
 {
     fz_stat("inputs");
@@ -1218,8 +1004,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     uint8_t buf[CV_BYTES];
-    fz_in in = extend(data, size, buf);
-    cv_level *lv = level_get(fz_pick(&in, 3));
+    fz_in in = fz_extend(data, size, buf, CV_BYTES);
+    fz_level *lv = fz_level_get(fz_pick(&in, 3));
     const long live_before = atomic_load(&fz_n_live);
     fz_call fc;
     memset(&fc, 0, sizeof fc);

@@ -10,8 +10,9 @@
  *
  * A violated check aborts through __builtin_trap(), which libFuzzer reports as a crash with the
  * input that caused it. Header-only (static functions), so each fuzzer is a single C file. Random
- * numbers, the rope comparison and the ops' case descriptors come from the test kit
- * (testkit/testkit.h), which the tests and the `lmk` tool use too.
+ * numbers (but fz_rand's splitmix64 stream for bulk values), the rope comparison and the ops' case
+ * descriptors come from the test kit (testkit/testkit.h), which the tests and the `lmk` tool use
+ * too.
  */
 #ifndef LMK_FUZZ_COMMON_H
 #define LMK_FUZZ_COMMON_H
@@ -545,6 +546,181 @@ static inline size_t fz_used(const lmk_buffer *b)
 }
 
 /* ------------------------------------------------------------------------------------------------
+ * Bulk values from splitmix64, the bytes one call is read from, and one CPU device a level.
+ * ---------------------------------------------------------------------------------------------- */
+
+/* splitmix64: bulk values and the stream that extends short inputs. */
+static inline uint64_t fz_rand(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline double fz_uniform(uint64_t *s, double lo, double hi)
+{
+    return lo + (hi - lo) * ((double)(fz_rand(s) >> 11) / 9007199254740992.0);
+}
+
+/* The `len` bytes a call is read from (into buf): the input, then bytes drawn from a generator
+ * seeded with a hash of the input (an input is rarely long enough for the many choices of one
+ * call, and reads past the end would all give 0, the same poor call). Every input is still one
+ * deterministic call. */
+static inline fz_in fz_extend(const uint8_t *data, size_t size, uint8_t *buf, size_t len)
+{
+    const size_t n = size < len ? size : len;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < size; i++)
+        h = (h ^ data[i]) * 0x100000001b3ull;
+    if (n)
+        memcpy(buf, data, n);
+    for (size_t i = n; i < len; i++)
+        buf[i] = (uint8_t)fz_rand(&h);
+    return (fz_in){buf, len};
+}
+
+/* One device an instruction-set level, each with streams of 1, 2 and 3 threads. */
+typedef struct fz_level {
+    fz_env env;          /* its device, arena and arena parent; env.stream has 2 threads */
+    lmk_stream *alt[2];  /* 1 and 3 threads: the determinism rerun */
+} fz_level;
+
+static inline void fz_level_streams(fz_level *l)
+{
+    lmk_device *d = l->env.dev;
+    FZ_CHECK(lmk_device_set_threads(d, 1) == LMK_OK && lmk_stream_create(d, &l->alt[0]) == LMK_OK, "1-thread stream");
+    FZ_CHECK(lmk_device_set_threads(d, 3) == LMK_OK && lmk_stream_create(d, &l->alt[1]) == LMK_OK, "3-thread stream");
+    FZ_CHECK(lmk_device_set_threads(d, 2) == LMK_OK, "lmk_device_set_threads");
+}
+
+/* Level 0: LMK_CPU_ISA=scalar; 1: avx2; 2: the environment's (fz_env_get's device). */
+static inline fz_level *fz_level_get(unsigned i)
+{
+    static fz_level lv[3];
+    static bool ready;
+    if (!ready) {
+        fz_env *base = fz_env_get();
+        const char *env = getenv("LMK_CPU_ISA");
+        char saved[64] = "";
+        if (env)
+            snprintf(saved, sizeof saved, "%s", env);
+        static const char *const isa[2] = {"scalar", "avx2"};
+        for (int l = 0; l < 2; l++) {
+            fz_env *e = &lv[l].env;
+            setenv("LMK_CPU_ISA", isa[l], 1);
+            FZ_CHECK(lmk_device_open(LMK_BACKEND_CPU, 0, &e->dev) == LMK_OK, "cannot open the %s device", isa[l]);
+            e->other = base->other;
+            FZ_CHECK(lmk_device_set_threads(e->dev, 2) == LMK_OK && lmk_stream_create(e->dev, &e->stream) == LMK_OK,
+                     "cannot create a stream");
+            FZ_CHECK(posix_memalign((void **)&e->arena, 64, FZ_ARENA_BYTES) == 0, "harness: no arena");
+            FZ_CHECK(lmk_buffer_wrap(e->dev, e->arena, FZ_ARENA_BYTES, LMK_U8, NULL, 0, &e->parent) == LMK_OK,
+                     "cannot wrap the arena");
+        }
+        if (env)
+            setenv("LMK_CPU_ISA", saved, 1);
+        else
+            unsetenv("LMK_CPU_ISA");
+        lv[2].env = *base;
+        for (int l = 0; l < 3; l++)
+            fz_level_streams(&lv[l]);
+        ready = true;
+    }
+    return &lv[i % 3];
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Element values: writing floats and indices into buffers of any ndim and strides.
+ * ---------------------------------------------------------------------------------------------- */
+
+/* Calls fn on the byte address of every element of b (any ndim, any strides). */
+static inline void fz_for_each(const lmk_buffer *b, void (*fn)(unsigned char *p, lmk_dtype t, void *ctx), void *ctx)
+{
+    const int nd = lmk_buffer_ndim(b);
+    const lmk_dtype t = lmk_buffer_dtype(b);
+    const size_t n = lmk_buffer_element_count(b), es = lmk_dtype_size(t);
+    unsigned char *base = lmk_buffer_data(b);
+    for (size_t k = 0; k < n; k++) {
+        size_t rest = k, off = 0;
+        for (int a = nd - 1; a >= 0; a--) {
+            off += rest % lmk_buffer_dim(b, a) * lmk_buffer_stride(b, a);
+            rest /= lmk_buffer_dim(b, a);
+        }
+        fn(base + off * es, t, ctx);
+    }
+}
+
+/* Stores v, rounded to a float dtype t, at p (other dtypes: nothing). */
+static inline void fz_put_float(unsigned char *p, lmk_dtype t, double v)
+{
+    const float f = (float)v;
+    if (t == LMK_F32) {
+        memcpy(p, &f, 4);
+    } else if (t == LMK_BF16 || t == LMK_F16) {
+        const uint16_t h = t == LMK_BF16 ? lmk_f32_to_bf16(f) : lmk_f32_to_f16(f);
+        memcpy(p, &h, 2);
+    }
+}
+
+typedef struct fz_fill_ctx {
+    uint64_t *r;
+    unsigned cls; /* 0: uniform in [lo, hi); 1: specials among them; 2: raw bits; 3: large */
+    double lo, hi;
+} fz_fill_ctx;
+
+/* A fz_for_each callback: one element drawn as its fz_fill_ctx says. */
+static inline void fz_fill_one(unsigned char *p, lmk_dtype t, void *vctx)
+{
+    fz_fill_ctx *x = vctx;
+    static const float specials[] = {NAN, INFINITY, -INFINITY, -0.0f, 1e-40f, 3e38f, 65504.0f, 1e5f};
+    const uint64_t bits = fz_rand(x->r);
+    if (x->cls == 2)
+        memcpy(p, &bits, lmk_dtype_size(t) < 8 ? lmk_dtype_size(t) : 8);
+    else if (x->cls == 1 && (bits & 15) == 0)
+        fz_put_float(p, t, specials[(bits >> 4) % 8]);
+    else
+        fz_put_float(p, t, x->cls == 3 ? fz_uniform(x->r, -1e4, 1e4) : fz_uniform(x->r, x->lo, x->hi));
+}
+
+/* Every element of b (NULL: none) uniform in [lo, hi), or now and then (often unless sane) with
+ * specials, raw bits or large values. */
+static inline void fz_fill_values(fz_in *in, bool sane, const lmk_buffer *b, uint64_t *r, double lo, double hi)
+{
+    if (!b)
+        return;
+    fz_fill_ctx x = {r, 0, lo, hi};
+    if (fz_pick(in, sane ? 16 : 4) == 0)
+        x.cls = 1 + fz_pick(in, 3);
+    fz_for_each(b, fz_fill_one, &x);
+}
+
+/* Stores v as element i of a dense i32 or i64 buffer (other dtypes: nothing). */
+static inline void fz_put_index(const lmk_buffer *b, size_t i, int64_t v)
+{
+    unsigned char *p = lmk_buffer_data(b);
+    if (lmk_buffer_dtype(b) == LMK_I64) {
+        memcpy(p + 8 * i, &v, 8);
+    } else if (lmk_buffer_dtype(b) == LMK_I32) {
+        const int32_t w = (int32_t)v;
+        memcpy(p + 4 * i, &w, 4);
+    }
+}
+
+static inline void fz_sort_i64(int64_t *v, size_t n)
+{
+    for (size_t i = 1; i < n; i++)
+        for (size_t j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            const int64_t x = v[j];
+            v[j] = v[j - 1], v[j - 1] = x;
+        }
+}
+
+static inline bool fz_is_float(lmk_dtype t)
+{
+    return t == LMK_F32 || t == LMK_BF16 || t == LMK_F16;
+}
+
+/* ------------------------------------------------------------------------------------------------
  * Operands and their element bytes, for the oracles of ops with strided operands (lmk.h,
  * "Operands"): which buffers are operands of a shape, and whether operands share a byte. Overlap
  * is judged on the bytes the elements occupy (a mark per byte of every region), not on extents.
@@ -568,6 +744,23 @@ static inline bool fz_operand3(const lmk_buffer *b, size_t n0, size_t n1, size_t
         return true;
     }
     return false;
+}
+
+/* A [n0, n1] operand: a dense buffer of exactly n0*n1 elements, or a 2-D buffer of exactly that
+ * shape with last stride 1 and any token stride; resolved as [n0, 1, n1]. */
+static inline bool fz_operand2(const lmk_buffer *b, size_t n0, size_t n1, lmk_tensor3 *t)
+{
+    size_t count;
+    if (__builtin_mul_overflow(n0, n1, &count))
+        return false;
+    *t = (lmk_tensor3){.data = lmk_buffer_data(b), .n = {n0, 1, n1}, .stride = {n1, n1, 1},
+                       .es = lmk_dtype_size(lmk_buffer_dtype(b))};
+    if (lmk_buffer_ndim(b) == 2 && lmk_buffer_dim(b, 0) == n0 && lmk_buffer_dim(b, 1) == n1 &&
+        (lmk_buffer_stride(b, 1) == 1 || n1 == 1)) {
+        t->stride[0] = lmk_buffer_stride(b, 0);
+        return true;
+    }
+    return lmk_buffer_is_contiguous(b) && lmk_buffer_element_count(b) == count;
 }
 
 /* A dense buffer's elements as a [1, 1, n] operand (positions, weights, ...). */
@@ -594,6 +787,41 @@ static inline bool fz_spans_meet(const lmk_tensor3 *a, const lmk_tensor3 *b)
 {
     const size_t sa = tst_span(a->n, a->stride, a->es), sb = tst_span(b->n, b->stride, b->es);
     return (uintptr_t)a->data < (uintptr_t)b->data + sb && (uintptr_t)b->data < (uintptr_t)a->data + sa;
+}
+
+/* Whether a layout is nested (its strides, sorted, each step past everything inside them): the
+ * layouts whose distinct elements lmk can prove distinct. */
+static inline bool fz_nested(const size_t *n_in, const size_t *s_in, int nd)
+{
+    size_t n[4], s[4], reach = 1;
+    int k = 0;
+    for (int i = 0; i < nd; i++)
+        if (n_in[i] > 1)
+            n[k] = n_in[i], s[k] = s_in[i], k++;
+    for (int i = 1; i < k; i++)
+        for (int j = i; j > 0 && s[j] < s[j - 1]; j--) {
+            size_t x = s[j]; s[j] = s[j - 1]; s[j - 1] = x;
+            x = n[j]; n[j] = n[j - 1]; n[j - 1] = x;
+        }
+    for (int i = 0; i < k; i++) {
+        if (s[i] < reach)
+            return false;
+        reach += (n[i] - 1) * s[i];
+    }
+    return true;
+}
+
+/* Tensors side by side in one row: token-major with one token stride, each token's elements
+ * inside it. lmk.h's overlap rule is exact for them: disjoint elements must be accepted. */
+static inline bool fz_side_by_side(const lmk_tensor3 *a, const lmk_tensor3 *b)
+{
+    if (a->n[0] < 2 || b->n[0] < 2 || a->stride[0] * a->es != b->stride[0] * b->es)
+        return false;
+    const size_t period = a->stride[0] * a->es;
+    const size_t fa = ((a->n[1] - 1) * a->stride[1] + a->n[2]) * a->es;
+    const size_t fb = ((b->n[1] - 1) * b->stride[1] + b->n[2]) * b->es;
+    return fa <= period && fb <= period && (a->n[1] < 2 || a->stride[1] >= a->n[2]) &&
+           (b->n[1] < 2 || b->stride[1] >= b->n[2]);
 }
 
 /* Marks, for every byte of every region of a world, which operands' elements hold it (bit i:

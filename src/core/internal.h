@@ -150,6 +150,9 @@ typedef struct lmk_tensor3 {
  * INVALID_ARGUMENT naming the operand, its shape and strides. */
 lmk_status lmk_operand3(const char *op, const char *name, const lmk_buffer *b, size_t n0, size_t n1, size_t n2,
                         lmk_tensor3 *out);
+/* Writes the k sizes v as "a, b, c" into buf of n bytes (cut short when it does not fit): the
+ * shapes and strides of operand messages. */
+void lmk_format_dims(char *buf, size_t n, const size_t *v, int k);
 /* A dense buffer's used elements as a [1, 1, element_count] tensor (positions, weights, ...). */
 lmk_tensor3 lmk_operand_flat(const lmk_buffer *b);
 /* Same address, shape and strides (strides of axes of length 1 ignored): an in-place pair. */

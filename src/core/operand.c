@@ -22,7 +22,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static void format_dims(char *buf, size_t n, const size_t *v, int k)
+void lmk_format_dims(char *buf, size_t n, const size_t *v, int k)
 {
     size_t used = 0;
     buf[0] = '\0';
@@ -51,8 +51,8 @@ lmk_status lmk_operand3(const char *op, const char *name, const lmk_buffer *b, s
         return LMK_OK;
     }
     char shape[96], strides[96];
-    format_dims(shape, sizeof shape, b->shape, b->ndim);
-    format_dims(strides, sizeof strides, b->stride, b->ndim);
+    lmk_format_dims(shape, sizeof shape, b->shape, b->ndim);
+    lmk_format_dims(strides, sizeof strides, b->stride, b->ndim);
     if (b->dense)
         return lmk_fail(LMK_ERR_INVALID_ARGUMENT,
                         "%s: %s element count %zu != %zu * %zu * %zu = %zu (shape [%s]; a dense buffer must hold "

@@ -10,16 +10,6 @@
  */
 #include "core/internal.h"
 
-#include <stdio.h>
-
-static void format_dims(char *buf, size_t n, const size_t *v, int k)
-{
-    size_t used = 0;
-    buf[0] = '\0';
-    for (int i = 0; i < k && used < n; i++)
-        used += (size_t)snprintf(buf + used, n - used, i ? ", %zu" : "%zu", v[i]);
-}
-
 lmk_status lmk_operand2(const char *op, const char *name, const lmk_buffer *b, size_t n0, size_t n1,
                         lmk_tensor3 *out)
 {
@@ -34,8 +24,8 @@ lmk_status lmk_operand2(const char *op, const char *name, const lmk_buffer *b, s
     if (b->dense && b->element_count == count)
         return LMK_OK;
     char shape[96], strides[96];
-    format_dims(shape, sizeof shape, b->shape, b->ndim);
-    format_dims(strides, sizeof strides, b->stride, b->ndim);
+    lmk_format_dims(shape, sizeof shape, b->shape, b->ndim);
+    lmk_format_dims(strides, sizeof strides, b->stride, b->ndim);
     if (b->dense)
         return lmk_fail(LMK_ERR_INVALID_ARGUMENT,
                         "%s: %s element count %zu != %zu * %zu = %zu (shape [%s]; a dense buffer must hold exactly "
@@ -74,9 +64,9 @@ lmk_status lmk_operand_pool(const char *op, const char *name, const lmk_buffer *
                             lmk_pool *out)
 {
     char shape[128], strides[128], want[96];
-    format_dims(shape, sizeof shape, b->shape, b->ndim);
-    format_dims(strides, sizeof strides, b->stride, b->ndim);
-    format_dims(want, sizeof want, n + 1, ndim - 1);
+    lmk_format_dims(shape, sizeof shape, b->shape, b->ndim);
+    lmk_format_dims(strides, sizeof strides, b->stride, b->ndim);
+    lmk_format_dims(want, sizeof want, n + 1, ndim - 1);
     bool ok = b->ndim == ndim;
     for (int i = 1; ok && i < ndim; i++)
         ok = b->shape[i] == n[i];

@@ -38,6 +38,18 @@
 #define LMK_INLINE static inline
 #endif
 
+/* A 16-bit element of a half dtype widened to f32: f16 when dt is LMK_F16, bf16 otherwise. The bf16
+ * case is inline (lmk_bf16_to_f32 is a call per element). */
+static inline float lmk_cpu_half_to_f32(lmk_dtype dt, uint16_t h)
+{
+    if (dt == LMK_F16)
+        return lmk_f16_to_f32(h);
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 /* Instruction-set levels, best last. The environment variable LMK_CPU_ISA ("scalar", "avx2",
  * "avx512") caps the level at device open, so tests can reach every path on one machine. */
 typedef enum lmk_cpu_isa { LMK_CPU_SCALAR = 0, LMK_CPU_AVX2 = 1, LMK_CPU_AVX512 = 2 } lmk_cpu_isa;

@@ -128,12 +128,7 @@ CONV_STEP float ld(lmk_dtype dt, const void *p, size_t i)
     }
     uint16_t h;
     memcpy(&h, (const unsigned char *)p + 2 * i, 2);
-    if (dt == LMK_F16)
-        return lmk_f16_to_f32(h);
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+    return lmk_cpu_half_to_f32(dt, h);
 }
 
 CONV_STEP void st(lmk_dtype dt, unsigned char *p, size_t i, float v)

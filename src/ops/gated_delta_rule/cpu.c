@@ -116,12 +116,7 @@ LMK_INLINE float ld(lmk_dtype dt, const void *base, size_t i)
     if (dt == LMK_F32)
         return ((const float *)base)[i];
     const uint16_t h = ((const uint16_t *)base)[i];
-    if (dt == LMK_F16)
-        return lmk_f16_to_f32(h);
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+    return lmk_cpu_half_to_f32(dt, h);
 }
 
 LMK_INLINE void st(lmk_dtype dt, void *base, size_t i, float f)
