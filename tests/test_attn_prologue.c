@@ -1625,8 +1625,11 @@ static void test_inv_scale(void)
         for (int m = 0; m < 3; m++) {
             fenv_t env = odd_fenv();
             fesetround(modes[m]);
+            /* volatile on both sides: the divide must run under this rounding mode, before restore_fenv
+             * (without FENV_ACCESS a compiler may move a plain divide past the call: clang does) */
             const volatile float s = scales[i];
-            const float plain = 1.0f / (s == 0.0f ? 1.0f : s), got = lmk_attn_prologue_inv_scale(scales[i]);
+            const volatile float plain = 1.0f / (s == 0.0f ? 1.0f : s);
+            const float got = lmk_attn_prologue_inv_scale(scales[i]);
             restore_fenv(&env);
             upward_differs += m == 0 && plain != want;
             ok = ok && got == want;
