@@ -151,10 +151,16 @@ static bool shape_ok(lmk_dtype t, const size_t *shape, int ndim, bool null_shape
         *count = room / es;
         return true;
     }
-    size_t n = 1, bytes;
+    /* An axis of 0: no element and no byte, whatever the other axes hold (lmk.h "Buffers"). */
+    bool empty = false;
     for (int i = 0; i < ndim; i++)
+        empty = empty || shape[i] == 0;
+    size_t n = 1, bytes;
+    for (int i = 0; i < ndim && !empty; i++)
         if (__builtin_mul_overflow(n, shape[i], &n))
             return false;
+    if (empty)
+        n = 0;
     if (__builtin_mul_overflow(n, es, &bytes) || bytes > room)
         return false;
     *count = n;
