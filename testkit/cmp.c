@@ -2,7 +2,7 @@
  * cmp.c - how results are compared with what they should be: the one copy of the comparisons that
  * the tests, the tool and the fuzzers use.
  *
- * Copies (repeat, and the elements a rope leaves alone) are compared bit for bit. Rotated rope
+ * Copies (whole outputs, and the elements a rope leaves alone) are compared bit for bit. Rotated rope
  * elements are compared with the float64 reference under lmk.h's precision contract (f32 within
  * 1e-5 * max(1, m) for |x| <= 2; bf16/f16 within one ulp of the float64 result plus 1e-6).
  */
@@ -288,11 +288,4 @@ lmk_rope_args tst_rope_host_args(const lmk_rope_multi_params *p, uint32_t n_k_he
     t[0] = t[1] = tst_dense3(q, p->seq_len, p->n_heads, p->head_dim, es);
     t[2] = t[3] = tst_dense3(n_t > 1 ? k : q, p->seq_len, n_t > 1 ? n_k_heads : p->n_heads, p->head_dim, es);
     return lmk_rope_args_for(&rp, dtype, t, n_t > 1, pos, LMK_I32, NULL);
-}
-
-lmk_repeat_args tst_repeat_host_args(const void *src, void *dst, size_t seq, size_t hg, size_t h, size_t k, size_t es)
-{
-    return (lmk_repeat_args){.src = src, .dst = dst, .seq = seq, .hg = hg, .h = h, .k = k, .elem_size = es,
-                             .src_tok = hg * k, .src_head = k, .dst_tok = h * k, .dst_head = k,
-                             .layout = LMK_REPEAT_TILED};
 }

@@ -1,75 +1,17 @@
 /*
- * inst.c - the registry of case descriptors and the life of a case on a device.
+ * inst.c - the life of a case on a device.
  *
- * The registry is generated from src/ops/ops.h's LMK_OPS list: op `name` provides the descriptor
- * tst_op_<name> in src/ops/<name>/case.c, so a new op appears here (and in every driver that loops
- * over tst_ops) by its one line in ops.h. What a case does on a device follows the same steps for
- * every op: make (the op's setup and fill, then upload), run, verify (the op's comparison, then
- * the bytes around the outputs), reject (calls the op must refuse without touching a byte).
+ * What a case does on a device follows the same steps for every op: make (the op's setup and fill,
+ * then upload), run, verify (the op's comparison, then the bytes around the outputs), reject (calls
+ * the op must refuse without touching a byte). The descriptors it drives come from the registry
+ * (registry.c) through the case itself (tst_case.op), so this file names no op.
  */
-#include "core/internal.h"
 #include "testkit.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define TST_OP_DECLARE(name) extern const tst_op tst_op_##name;
-LMK_OPS(TST_OP_DECLARE)
-#undef TST_OP_DECLARE
-
-const tst_op *const tst_ops[] = {
-#define TST_OP_ENTRY(name) &tst_op_##name,
-    LMK_OPS(TST_OP_ENTRY)
-#undef TST_OP_ENTRY
-};
-const int tst_op_count = LMK_OP_COUNT;
-
-const tst_op *tst_op_find(const char *name)
-{
-    for (int i = 0; i < tst_op_count; i++)
-        if (!strcmp(tst_ops[i]->name, name))
-            return tst_ops[i];
-    return NULL;
-}
-
-tst_case tst_op_case(const tst_op *op, int i)
-{
-    tst_case c;
-    memset(&c, 0, sizeof c);
-    op->get_case(i, &c);
-    c.op = op;
-    return c;
-}
-
-tst_case tst_op_random_case(const tst_op *op, tst_rng *r)
-{
-    tst_case c;
-    memset(&c, 0, sizeof c);
-    op->random_case(r, &c);
-    c.op = op;
-    return c;
-}
-
-int tst_op_bench_cases(const tst_op *op, uint32_t T, lmk_dtype dtype, bool longest, tst_case *out, int max)
-{
-    memset(out, 0, (size_t)max * sizeof *out);
-    const int n = op->bench_cases ? op->bench_cases(T, dtype, longest, out, max) : 0;
-    for (int i = 0; i < n; i++)
-        out[i].op = op;
-    return n;
-}
-
-lmk_status tst_fail(lmk_status st, const char *fmt, ...)
-{
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return lmk_fail(st, "%s", msg);
-}
 
 void tst_case_name(tst_case *c, const char *fmt, ...)
 {

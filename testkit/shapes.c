@@ -25,14 +25,6 @@ const tst_attn_shape tst_attn_shapes[] = {
 };
 const int tst_attn_shape_count = (int)(sizeof tst_attn_shapes / sizeof tst_attn_shapes[0]);
 
-/* Gated DeltaNet layers broadcast q and k from Hg = 16 key heads of K = 128 to H value heads. */
-const tst_gqa_shape tst_gqa_shapes[] = {
-    {"qwen3.5-4B/9B/35B-A3B, qwen3.6-35B-A3B, qwen3-next-80B GDN", 16, 32, 128},
-    {"qwen3.5/3.6-27B GDN", 16, 48, 128},
-    {"qwen3.5-122B/397B GDN", 16, 64, 128},
-};
-const int tst_gqa_shape_count = (int)(sizeof tst_gqa_shapes / sizeof tst_gqa_shapes[0]);
-
 char *tst_rope_name(char *buf, size_t n, const char *op, const lmk_rope_multi_params *p, lmk_dtype dtype,
                     const char *comment)
 {
@@ -43,13 +35,6 @@ char *tst_rope_name(char *buf, size_t n, const char *op, const lmk_rope_multi_pa
     snprintf(buf, n, "%s %s hd=%u rd=%u nh=%u T=%u %s %s%s%s", op, mode, p->head_dim, p->rope_dim, p->n_heads,
              p->seq_len, lmk_dtype_name(dtype), pairing, comment && *comment ? " // " : "",
              comment ? comment : "");
-    return buf;
-}
-
-char *tst_repeat_name(char *buf, size_t n, const lmk_repeat_tiled_params *p, lmk_dtype dtype, const char *comment)
-{
-    snprintf(buf, n, "repeat_tiled T=%u hg=%u h=%u k=%u %s%s%s", p->seq, p->hg, p->h, p->k, lmk_dtype_name(dtype),
-             comment && *comment ? " // " : "", comment ? comment : "");
     return buf;
 }
 

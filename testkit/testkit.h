@@ -14,6 +14,11 @@
  *
  * Nothing here uses the test harness: every function reports through its return value (and
  * lmk_status with lmk_last_error(), or a message buffer), so worker threads may call anything.
+ *
+ * The layers, each calling only those before it, so that no two files of the kit need each other:
+ * fail.c and rng.c; mem.c (a case's device memory); cmp.c (comparisons, reading views of mem.c);
+ * inst.c (the life of a case) and shapes.c (model shapes, names); the ops' descriptors
+ * (src/ops/<op>/case.c); registry.c (tst_ops[], the one file that refers to the descriptors).
  */
 #ifndef LMK_TESTKIT_H
 #define LMK_TESTKIT_H
@@ -29,6 +34,14 @@
 #else
 #define TST_PRINTF(a, b)
 #endif
+
+/* ------------------------------------------------------------------------------------------------
+ * Failures (testkit/fail.c)
+ * ---------------------------------------------------------------------------------------------- */
+
+/* Records a failure of the kit or the tools, read back with lmk_last_error() like the library's
+ * own, and returns st. */
+lmk_status tst_fail(lmk_status st, const char *fmt, ...) TST_PRINTF(2, 3);
 
 /* ------------------------------------------------------------------------------------------------
  * Random numbers and tensor values (testkit/rng.c)
@@ -196,7 +209,7 @@ bool tst_mem_untouched(const tst_mem *m, char *msg, size_t msg_len);
 void tst_mem_free(tst_mem *m);
 
 /* ------------------------------------------------------------------------------------------------
- * Case descriptors (testkit/inst.c, src/ops/<op>/case.c)
+ * Case descriptors (testkit/registry.c, testkit/inst.c, src/ops/<op>/case.c)
  * ---------------------------------------------------------------------------------------------- */
 
 enum {
@@ -312,9 +325,6 @@ bool tst_case_check(const tst_case *c, lmk_stream *s, uint64_t seed, tst_result 
 void tst_inst_fill(tst_inst *in, const lmk_buffer *view, tst_rng *r);
 /* Formats into c->name. */
 void tst_case_name(tst_case *c, const char *fmt, ...) TST_PRINTF(2, 3);
-/* Records a failure of the kit or the tools, read back with lmk_last_error() like the library's
- * own, and returns st. */
-lmk_status tst_fail(lmk_status st, const char *fmt, ...) TST_PRINTF(2, 3);
 
 /* ------------------------------------------------------------------------------------------------
  * Real model shapes and positions (testkit/shapes.c)
@@ -331,19 +341,10 @@ typedef struct tst_attn_shape {
 extern const tst_attn_shape tst_attn_shapes[];
 extern const int tst_attn_shape_count;
 
-typedef struct tst_gqa_shape {
-    const char *model;          /* Gated DeltaNet q/k broadcast */
-    uint32_t hg, h, k;
-} tst_gqa_shape;
-extern const tst_gqa_shape tst_gqa_shapes[];
-extern const int tst_gqa_shape_count;
-
 /* "rope_multi imrope hd=256 rd=64 nh=24 T=4106 f32 half_rope" plus " // comment" when comment is
  * not NULL or empty. Returns buf. */
 char *tst_rope_name(char *buf, size_t n, const char *op, const lmk_rope_multi_params *p, lmk_dtype dtype,
                     const char *comment);
-/* "repeat_tiled T=4106 hg=16 h=48 k=128 f32" plus " // comment". Returns buf. */
-char *tst_repeat_name(char *buf, size_t n, const lmk_repeat_tiled_params *p, lmk_dtype dtype, const char *comment);
 /* "1e7" rather than "1e+07": names read like the model configs. Returns buf. */
 char *tst_format_base(char *buf, size_t n, double v);
 

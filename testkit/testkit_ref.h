@@ -7,7 +7,6 @@
 #define LMK_TESTKIT_REF_H
 
 #include "core/internal.h"
-#include "ops/repeat/repeat.h"
 #include "ops/rope/rope.h"
 #include "testkit.h"
 
@@ -35,8 +34,6 @@ lmk_tensor3 tst_dense3(const void *data, size_t n0, size_t n1, size_t n2, size_t
  * n_k_heads heads) for the reference and tst_rope_check. */
 lmk_rope_args tst_rope_host_args(const lmk_rope_multi_params *p, uint32_t n_k_heads, int n_t, lmk_dtype dtype,
                                  const void *q, const void *k, const int32_t *pos);
-/* Host arguments of a dense tiled repeat (lmk_repeat_tiled) for lmk_ref_repeat. */
-lmk_repeat_args tst_repeat_host_args(const void *src, void *dst, size_t seq, size_t hg, size_t h, size_t k, size_t es);
 
 /* The host tensor of a view of instance memory: data = its host copy (NULL without one), shape and
  * strides of the view. */

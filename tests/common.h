@@ -20,7 +20,7 @@
 
 #include "core/internal.h"
 #include "harness.h"
-#include "ops/repeat/repeat.h"
+#include "ops/repeat/case.h"
 #include "ops/rope/rope.h"
 #include "lmk.h"
 #include "testkit.h"

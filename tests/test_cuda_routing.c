@@ -1,24 +1,29 @@
 /*
- * test_cuda_routing.c - which CUDA kernel each call launches (src/cuda/cuda_route.h).
+ * test_cuda_routing.c - which kernel variant each CUDA call launches (src/cuda/cuda_route.h; the
+ * variants tables src/ops/rope/variants.h and src/ops/attn_prologue/variants.h).
  *
- * The CUDA backend picks one of several kernels per launch (rope: decode, bulk, rows, pairs;
- * attn_prologue: decode, stream, the general kernel, each with instantiations such as MIX and
- * CHUNK), and the choice is the one docs/cuda.md describes and docs/decisions.md measured: a change
- * that sends a model's prompt to another kernel keeps every result right and loses its speed
+ * The CUDA backend picks one row of an op's variants table per launch (rope: decode, bulk, rows,
+ * pairs; attn_prologue: decode, stream, the general kernel, with instantiations such as MIX, f8
+ * and CHUNK), and the choice is the one docs/cuda.md describes and docs/decisions.md measured: a
+ * change that sends a model's prompt to another row keeps every result right and loses its speed
  * without any other test noticing.
  * This test plans the calls of real model shapes through the launchers' own planning
- * (lmk_cuda_rope_route, lmk_cuda_attn_prologue_route) and checks each route:
+ * (lmk_cuda_rope_route, lmk_cuda_attn_prologue_route) and checks each route's row and unit width:
  *   - on described devices, so it runs without a GPU: an H200 (132 SMs, sm_90's bulk copies and
  *     tensor maps, 228 KB of shared memory an SM) and an A100 (108 SMs, no bulk copies);
  *   - on CUDA device 0 when one is usable, against the H200 table where the device has the H200's
  *     SM count and bulk copies (else a visible SKIP).
+ * Every row of both tables must be some case's route (a row that no shape reaches is dead code or
+ * untested). The bench's hook that forces a row (lmk_cuda_*_force) is checked too: a forced row
+ * that the call can run is its route, one it cannot run is LMK_ERR_UNSUPPORTED.
  * The arguments come from op.c's own constructors (lmk_rope_args_for, lmk_attn_prologue_prepare)
  * on views of host memory that nothing reads or writes: planning looks only at shapes, strides
  * and addresses.
  */
 #include "common.h"
-#include "cuda/cuda_route.h"
 #include "ops/attn_prologue/attn_prologue.h"
+#include "ops/attn_prologue/route.h"
+#include "ops/rope/route.h"
 
 #include <cuda.h>
 #include <stdlib.h>
@@ -158,11 +163,10 @@ typedef struct rope_route_case {
     bool in_place;
     size_t offset;      /* elements past a 4 KiB boundary: 1 makes every view unaligned */
     /* expected */
-    const char *h200;   /* kernel on the described H200 */
-    bool maps;          /* ... with tensor maps */
-    unsigned unit;      /* unit bytes */
+    lmk_rope_variant h200; /* the row on the described H200 */
+    unsigned unit;         /* unit bytes */
     int launches;
-    const char *a100;   /* kernel on the described A100 */
+    lmk_rope_variant a100; /* the row on the described A100 */
 } rope_route_case;
 
 #define R_QWEN35_ROPE .head_dim = 256, .rope_dim = 64, .freq_base = 1e7f, .mode = LMK_ROPE_IMROPE, \
@@ -175,40 +179,40 @@ typedef struct rope_route_case {
 static const rope_route_case k_rope[] = {
     /* decode: one token, q and k in one launch; 8-byte units for 2-byte types (kDecNarrowRows) */
     {"Qwen3.5-27B decode bf16, q from q|gate", {R_QWEN35, .seq_len = 1}, LMK_BF16, QGATE, false, 0,
-     "rope_decode_kernel", false, 8, 1, "rope_decode_kernel"},
-    {"Llama-3.1-8B decode bf16", {R_LLAMA31, .seq_len = 1}, LMK_BF16, DENSE, false, 0, "rope_decode_kernel", false,
-     8, 1, "rope_decode_kernel"},
-    {"Llama-3.1-8B decode f32", {R_LLAMA31, .seq_len = 1}, LMK_F32, DENSE, false, 0, "rope_decode_kernel", false,
-     16, 1, "rope_decode_kernel"},
+     LMK_ROPE_DECODE_COPY, 8, 1, LMK_ROPE_DECODE_COPY},
+    {"Llama-3.1-8B decode bf16", {R_LLAMA31, .seq_len = 1}, LMK_BF16, DENSE, false, 0, LMK_ROPE_DECODE, 8, 1,
+     LMK_ROPE_DECODE},
+    {"Llama-3.1-8B decode f32", {R_LLAMA31, .seq_len = 1}, LMK_F32, DENSE, false, 0, LMK_ROPE_DECODE, 16, 1,
+     LMK_ROPE_DECODE},
     /* prompts with copy items (partial rope, out of place): the bulk kernel on sm_90 */
-    {"Qwen3.5-27B prompt bf16", {R_QWEN35, .seq_len = 4106}, LMK_BF16, DENSE, false, 0, "rope_bulk_kernel", false,
-     16, 1, "rope_rows_kernel"},
+    {"Qwen3.5-27B prompt bf16", {R_QWEN35, .seq_len = 4106}, LMK_BF16, DENSE, false, 0, LMK_ROPE_BULK,
+     16, 1, LMK_ROPE_ROWS},
     {"Qwen3.5-27B prompt bf16, q from q|gate", {R_QWEN35, .seq_len = 4106}, LMK_BF16, QGATE, false, 0,
-     "rope_bulk_kernel", true, 16, 1, "rope_rows_kernel"},
+     LMK_ROPE_BULK_MAPS, 16, 1, LMK_ROPE_ROWS},
     {"Qwen3.5-27B prompt f16, q from q|gate", {R_QWEN35, .seq_len = 4106}, LMK_F16, QGATE, false, 0,
-     "rope_bulk_kernel", true, 16, 1, "rope_rows_kernel"},
+     LMK_ROPE_BULK_MAPS, 16, 1, LMK_ROPE_ROWS},
     {"Qwen3.5-27B prompt f32, q only", {R_QWEN35_ROPE, .n_heads = 24, .seq_len = 4106}, LMK_F32, DENSE, false, 0,
-     "rope_bulk_kernel", false, 16, 1, "rope_rows_kernel"},
+     LMK_ROPE_BULK, 16, 1, LMK_ROPE_ROWS},
     /* f32 q and k: 28 KB a token, more than a stage holds */
-    {"Qwen3.5-27B prompt f32", {R_QWEN35, .seq_len = 4106}, LMK_F32, DENSE, false, 0, "rope_rows_kernel", false, 16,
-     1, "rope_rows_kernel"},
+    {"Qwen3.5-27B prompt f32", {R_QWEN35, .seq_len = 4106}, LMK_F32, DENSE, false, 0, LMK_ROPE_ROWS, 16,
+     1, LMK_ROPE_ROWS},
     /* one-element units: the rows kernel */
     {"Qwen3.5-27B prompt bf16, unaligned", {R_QWEN35, .seq_len = 4106}, LMK_BF16, DENSE, false, 1,
-     "rope_rows_kernel", false, 2, 1, "rope_rows_kernel"},
+     LMK_ROPE_ROWS, 2, 1, LMK_ROPE_ROWS},
     /* no copy items: full rope, or in place */
-    {"Llama-3.1-8B prompt bf16", {R_LLAMA31, .seq_len = 4106}, LMK_BF16, DENSE, false, 0, "rope_pairs_kernel",
-     false, 16, 1, "rope_pairs_kernel"},
+    {"Llama-3.1-8B prompt bf16", {R_LLAMA31, .seq_len = 4106}, LMK_BF16, DENSE, false, 0, LMK_ROPE_PAIRS, 16, 1,
+     LMK_ROPE_PAIRS},
     {"Llama-3.1-8B prompt bf16, in place in QKV", {R_LLAMA31, .seq_len = 4106}, LMK_BF16, QKV, true, 0,
-     "rope_pairs_kernel", false, 16, 1, "rope_pairs_kernel"},
+     LMK_ROPE_PAIRS, 16, 1, LMK_ROPE_PAIRS},
     {"Qwen3.5-27B prompt bf16, in place", {R_QWEN35, .seq_len = 4106}, LMK_BF16, DENSE, true, 0,
-     "rope_pairs_kernel", false, 16, 1, "rope_pairs_kernel"},
+     LMK_ROPE_PAIRS, 16, 1, LMK_ROPE_PAIRS},
     /* NORMAL pairs adjacent: GPT-J's partial rope keeps copy items */
-    {"GPT-J-6B prompt bf16", {R_GPTJ, .seq_len = 4106}, LMK_BF16, DENSE, false, 0, "rope_bulk_kernel", false, 16, 1,
-     "rope_rows_kernel"},
+    {"GPT-J-6B prompt bf16", {R_GPTJ, .seq_len = 4106}, LMK_BF16, DENSE, false, 0, LMK_ROPE_BULK, 16, 1,
+     LMK_ROPE_ROWS},
     /* rope_dim 512: two slices of 128 pairs, two launches */
     {"head 512, full NEOX rope, bf16", {.head_dim = 512, .rope_dim = 512, .n_heads = 8, .n_k_heads = 2,
-      .freq_base = 1e4f, .mode = LMK_ROPE_NEOX, .seq_len = 512}, LMK_BF16, DENSE, false, 0, "rope_pairs_kernel",
-     false, 16, 2, "rope_pairs_kernel"},
+      .freq_base = 1e4f, .mode = LMK_ROPE_NEOX, .seq_len = 512}, LMK_BF16, DENSE, false, 0, LMK_ROPE_PAIRS, 16, 2,
+     LMK_ROPE_PAIRS},
 };
 
 static bool multi(lmk_rope_mode m)
@@ -238,25 +242,51 @@ static bool rope_args(arena *A, const rope_route_case *c, lmk_rope_args *a)
     return true;
 }
 
+static const char *const k_rope_names[] = {
+#define ROPE_NAME(id, name, kernel, copy, maps, reason, bench) name,
+    LMK_ROPE_VARIANTS(ROPE_NAME)
+#undef ROPE_NAME
+};
+
+static const char *const k_prologue_names[] = {
+#define AP_NAME(id, name, kernel, units, f8, mix, chunk, reason, bench) name,
+    LMK_AP_VARIANTS(AP_NAME)
+#undef AP_NAME
+};
+
+/* c's route on d: the call's status, its launches in *n and the first's route in *r0 (variant -1
+ * where the call fails; lmk_last_error says why). */
+static lmk_status rope_route_of(arena *A, const rope_route_case *c, const lmk_cuda_device *d, int *n,
+                                lmk_cuda_route *r0)
+{
+    lmk_rope_args a;
+    lmk_cuda_route r[4];
+    lmk_status st = LMK_ERR_INVALID_ARGUMENT;
+    *n = 0;
+    *r0 = (lmk_cuda_route){.variant = -1, .variant_name = "-"};
+    if (rope_args(A, c, &a) && (st = lmk_cuda_rope_route(d, &a, r, 4, n)) == LMK_OK) {
+        for (int j = 1; j < *n && j < 4; j++)
+            CHECK(r[j].variant == r[0].variant, "rope %s: slice %d takes %s, slice 0 %s", c->name, j,
+                  r[j].variant_name, r[0].variant_name);
+        if (*n > 0)
+            *r0 = r[0];
+    }
+    arena_reset(A);
+    return st;
+}
+
 static void check_rope(arena *A, const char *dev_name, const lmk_cuda_device *d, bool h200)
 {
     for (size_t i = 0; i < sizeof k_rope / sizeof k_rope[0]; i++) {
         const rope_route_case *c = &k_rope[i];
-        lmk_rope_args a;
-        if (rope_args(A, c, &a)) {
-            lmk_cuda_route r[4];
-            const int n = lmk_cuda_rope_route(d, &a, r, 4);
-            const char *want = h200 ? c->h200 : c->a100;
-            const bool maps = h200 && c->maps;
-            CHECK(n == c->launches && strcmp(r[0].kernel, want) == 0 && r[0].maps == maps && r[0].unit_bytes == c->unit,
-                  "rope %s on %s: %d launches of %s (maps %d, %u-byte units), want %d of %s (maps %d, %u-byte units)%s%s",
-                  c->name, dev_name, n, n > 0 ? r[0].kernel : "-", n > 0 && r[0].maps, n > 0 ? r[0].unit_bytes : 0,
-                  c->launches, want, maps, c->unit, n < 0 ? ": " : "", n < 0 ? lmk_last_error() : "");
-            for (int j = 1; j < n && j < 4; j++)
-                CHECK(strcmp(r[j].kernel, r[0].kernel) == 0, "rope %s on %s: slice %d takes %s, slice 0 %s", c->name,
-                      dev_name, j, r[j].kernel, r[0].kernel);
-        }
-        arena_reset(A);
+        const lmk_rope_variant want = h200 ? c->h200 : c->a100;
+        lmk_cuda_route r;
+        int n;
+        const lmk_status st = rope_route_of(A, c, d, &n, &r);
+        CHECK(st == LMK_OK && n == c->launches && r.variant == (int)want && r.unit_bytes == c->unit,
+              "rope %s on %s: %d launches of %s (%u-byte units), want %d of %s (%u-byte units)%s%s", c->name, dev_name,
+              n, r.variant_name, r.unit_bytes, c->launches, k_rope_names[want], c->unit, st == LMK_OK ? "" : ": ",
+              st == LMK_OK ? "" : lmk_last_error());
     }
 }
 
@@ -273,8 +303,7 @@ typedef struct prologue_route_case {
     float scale;        /* f8 k_scale and v_scale */
     size_t offset;
     /* expected on the described H200 */
-    const char *kernel;
-    bool mix, ahead, chunk;
+    lmk_ap_variant variant;
     unsigned unit;
 } prologue_route_case;
 
@@ -284,44 +313,57 @@ typedef struct prologue_route_case {
 static const prologue_route_case k_prologue[] = {
     /* prompts, 16-byte units: the stream kernel; MIX where rows hold pair and copy items, without f8 */
     {"Qwen3.5-27B prompt bf16, q from q|gate, bf16 cache", {R_QWEN35, .seq_len = 4106}, LMK_BF16, QGATE, false, true,
-     SAME, 0, 0, "prologue_stream_kernel", true, true, false, 16},
+     SAME, 0, 0, LMK_AP_STREAM_MIX, 16},
     {"Qwen3.5-27B prompt f32, q from q|gate", {R_QWEN35, .seq_len = 4106}, LMK_F32, QGATE, false, true, SAME, 0, 0,
-     "prologue_stream_kernel", true, true, false, 16},
+     LMK_AP_STREAM_MIX, 16},
     {"Qwen3.5-27B prompt bf16, f8 cache, scale 1/16", {R_QWEN35, .seq_len = 4106}, LMK_BF16, QGATE, false, true, F8,
-     0.0625f, 0, "prologue_stream_kernel", false, true, false, 16},
+     0.0625f, 0, LMK_AP_STREAM_F8, 16},
     {"Qwen3-8B prompt bf16, in place in QKV, bf16 cache", {P_QWEN3, .seq_len = 4106}, LMK_BF16, QKV, true, true, SAME,
-     0, 0, "prologue_stream_kernel", false, true, false, 16},
+     0, 0, LMK_AP_STREAM, 16},
     {"Qwen3-8B prompt bf16, f8 cache, calibrated scale", {P_QWEN3, .seq_len = 4106}, LMK_BF16, QKV, true, true, F8,
-     0.0213f, 0, "prologue_stream_kernel", false, true, false, 16},
+     0.0213f, 0, LMK_AP_STREAM_F8, 16},
     {"Llama-3.1-8B prompt bf16, no norm, k_out only", {R_LLAMA31, .seq_len = 4106}, LMK_BF16, DENSE, false, false,
-     NO_CACHE, 0, 0, "prologue_stream_kernel", false, true, false, 16},
-    /* decode: one token, and a batch of 64 sequences */
+     NO_CACHE, 0, 0, LMK_AP_STREAM, 16},
+    /* decode: one token, and a batch of 64 sequences; with an f8 cache, 4-element units where a row
+     * stays within 32 items (2-byte types), else 16-byte units */
     {"Qwen3.5-27B decode bf16", {R_QWEN35, .seq_len = 1}, LMK_BF16, QGATE, false, true, SAME, 0, 0,
-     "prologue_decode_kernel", true, false, false, 16},
+     LMK_AP_DECODE_MIX, 16},
     {"Qwen3.5-27B decode bf16, f8 cache", {R_QWEN35, .seq_len = 1}, LMK_BF16, QGATE, false, true, F8, 0.0625f, 0,
-     "prologue_decode_kernel", true, false, false, 8},
+     LMK_AP_DECODE_F8_NARROW_MIX, 8},
+    {"Qwen3.5-27B decode f32, f8 cache", {R_QWEN35, .seq_len = 1}, LMK_F32, QGATE, false, true, F8, 0.0625f, 0,
+     LMK_AP_DECODE_F8_MIX, 16},
+    {"Qwen3-8B decode bf16, f8 cache", {P_QWEN3, .seq_len = 1}, LMK_BF16, QKV, true, true, F8, 0.0625f, 0,
+     LMK_AP_DECODE_F8_NARROW, 8},
+    {"Qwen3-8B decode f32, f8 cache", {P_QWEN3, .seq_len = 1}, LMK_F32, QKV, true, true, F8, 0.0625f, 0,
+     LMK_AP_DECODE_F8, 16},
     {"Qwen3.5-27B batch of 64 bf16", {R_QWEN35, .seq_len = 64}, LMK_BF16, QGATE, false, true, SAME, 0, 0,
-     "prologue_decode_kernel", false, false, false, 16},
+     LMK_AP_DECODE, 16},
     {"Qwen3.5-27B batch of 64 bf16, f8 cache", {R_QWEN35, .seq_len = 64}, LMK_BF16, QGATE, false, true, F8, 0.0625f,
-     0, "prologue_decode_kernel", true, false, false, 8},
+     0, LMK_AP_DECODE_F8_NARROW_MIX, 8},
     {"Qwen3-8B decode bf16, in place in QKV", {P_QWEN3, .seq_len = 1}, LMK_BF16, QKV, true, true, SAME, 0, 0,
-     "prologue_decode_kernel", false, false, false, 16},
+     LMK_AP_DECODE, 16},
     /* test_attn_prologue's rows of an odd number of copy units, no cache: they must reach MIX */
     {"edge: odd copy units, decode f16", {.head_dim = 72, .rope_dim = 48, .n_heads = 3, .n_k_heads = 2,
       .freq_base = 1e4f, .mode = LMK_ROPE_IMROPE, .sections = {8, 8, 8, 0}, .seq_len = 4}, LMK_F16, DENSE, true, true,
-     NO_CACHE, 0, 0, "prologue_decode_kernel", true, false, false, 16},
+     NO_CACHE, 0, 0, LMK_AP_DECODE_MIX, 16},
     {"edge: odd copy units, decode f32, q from q|gate", {.head_dim = 100, .rope_dim = 56, .n_heads = 6,
       .n_k_heads = 3, .freq_base = 1e4f, .mode = LMK_ROPE_IMROPE, .sections = {10, 10, 8, 0}, .seq_len = 5},
-     LMK_F32, QGATE, false, true, NO_CACHE, 0, 0, "prologue_decode_kernel", true, false, false, 16},
+     LMK_F32, QGATE, false, true, NO_CACHE, 0, 0, LMK_AP_DECODE_MIX, 16},
     {"edge: odd copy units, prompt f32", {.head_dim = 100, .rope_dim = 24, .n_heads = 8, .n_k_heads = 2,
       .freq_base = 1e4f, .mode = LMK_ROPE_NEOX, .seq_len = 1024}, LMK_F32, DENSE, false, true, NO_CACHE, 0, 0,
-     "prologue_stream_kernel", true, true, false, 16},
-    /* one-element units, and rows in chunks: the general kernel */
+     LMK_AP_STREAM_MIX, 16},
+    /* one-element units, rows in chunks, stream tables past 48 KB: the general kernel */
     {"Qwen3-8B prompt bf16, unaligned", {P_QWEN3, .seq_len = 4106}, LMK_BF16, DENSE, false, true, SAME, 0, 1,
-     "prologue_kernel", false, false, false, 2},
+     LMK_AP_BLOCK_ELEM, 2},
     {"head 4096 bf16, chunked rows", {.head_dim = 4096, .rope_dim = 4096, .n_heads = 2, .n_k_heads = 1,
       .freq_base = 1e4f, .mode = LMK_ROPE_NEOX, .seq_len = 64}, LMK_BF16, DENSE, false, true, SAME, 0, 0,
-     "prologue_kernel", false, false, true, 16},
+     LMK_AP_BLOCK_CHUNK, 16},
+    {"head 512 bf16 unaligned, chunked rows", {.head_dim = 512, .rope_dim = 512, .n_heads = 4, .n_k_heads = 2,
+      .freq_base = 1e4f, .mode = LMK_ROPE_NEOX, .seq_len = 256}, LMK_BF16, DENSE, false, true, SAME, 0, 1,
+     LMK_AP_BLOCK_ELEM_CHUNK, 2},
+    {"head 1024 bf16 prompt, full rope", {.head_dim = 1024, .rope_dim = 1024, .n_heads = 12, .n_k_heads = 2,
+      .freq_base = 1e4f, .mode = LMK_ROPE_NEOX, .seq_len = 256}, LMK_BF16, DENSE, false, true, SAME, 0, 0,
+     LMK_AP_BLOCK, 16},
 };
 
 static bool prologue_args(arena *A, const prologue_route_case *c, lmk_attn_prologue_args *a)
@@ -355,23 +397,124 @@ static bool prologue_args(arena *A, const prologue_route_case *c, lmk_attn_prolo
                        lmk_last_error());
 }
 
+/* c's route on d (the call's status; r->variant -1 where it fails). */
+static lmk_status prologue_route_of(arena *A, const prologue_route_case *c, const lmk_cuda_device *d,
+                                    lmk_cuda_route *r)
+{
+    lmk_attn_prologue_args a;
+    lmk_status st = LMK_ERR_INVALID_ARGUMENT;
+    *r = (lmk_cuda_route){.variant = -1, .variant_name = "-"};
+    if (prologue_args(A, c, &a) && (st = lmk_cuda_attn_prologue_route(d, &a, r)) != LMK_OK)
+        *r = (lmk_cuda_route){.variant = -1, .variant_name = "-"};
+    arena_reset(A);
+    return st;
+}
+
 static void check_prologue(arena *A, const char *dev_name, const lmk_cuda_device *d)
 {
     for (size_t i = 0; i < sizeof k_prologue / sizeof k_prologue[0]; i++) {
         const prologue_route_case *c = &k_prologue[i];
-        lmk_attn_prologue_args a;
-        if (prologue_args(A, c, &a)) {
-            lmk_cuda_route r = {0};
-            const lmk_status st = lmk_cuda_attn_prologue_route(d, &a, &r);
-            CHECK(st == LMK_OK && strcmp(r.kernel, c->kernel) == 0 && r.mix == c->mix && r.ahead == c->ahead &&
-                      r.chunk == c->chunk && r.unit_bytes == c->unit,
-                  "attn_prologue %s on %s: %s (mix %d, ahead %d, chunk %d, %u-byte units), want %s (mix %d, ahead %d, "
-                  "chunk %d, %u-byte units)%s%s",
-                  c->name, dev_name, st == LMK_OK ? r.kernel : "-", r.mix, r.ahead, r.chunk, r.unit_bytes, c->kernel,
-                  c->mix, c->ahead, c->chunk, c->unit, st == LMK_OK ? "" : ": ", st == LMK_OK ? "" : lmk_last_error());
-        }
-        arena_reset(A);
+        lmk_cuda_route r;
+        const lmk_status st = prologue_route_of(A, c, d, &r);
+        CHECK(st == LMK_OK && r.variant == (int)c->variant && r.unit_bytes == c->unit,
+              "attn_prologue %s on %s: %s (%u-byte units), want %s (%u-byte units)%s%s", c->name, dev_name,
+              r.variant_name, r.unit_bytes, k_prologue_names[c->variant], c->unit, st == LMK_OK ? "" : ": ",
+              st == LMK_OK ? "" : lmk_last_error());
     }
+}
+
+/* Every row of both tables is the route of some case on the described devices: a row that no
+ * shape reaches is dead code, or code no test plans. */
+static void check_coverage(void)
+{
+    bool rope[LMK_ROPE_N_VARIANTS] = {false}, prologue[LMK_AP_N_VARIANTS] = {false};
+    for (size_t i = 0; i < sizeof k_rope / sizeof k_rope[0]; i++)
+        rope[k_rope[i].h200] = rope[k_rope[i].a100] = true;
+    for (size_t i = 0; i < sizeof k_prologue / sizeof k_prologue[0]; i++)
+        prologue[k_prologue[i].variant] = true;
+    for (int v = 0; v < LMK_ROPE_N_VARIANTS; v++)
+        CHECK(rope[v], "rope: variant %s is no case's route", k_rope_names[v]);
+    for (int v = 0; v < LMK_AP_N_VARIANTS; v++)
+        CHECK(prologue[v], "attn_prologue: variant %s is no case's route", k_prologue_names[v]);
+}
+
+/* A row forced onto a case (by its name in k_rope or k_prologue): its route is then that row, or
+ * the call fails with LMK_ERR_UNSUPPORTED (runs false) where the row cannot run it. */
+typedef struct forced_case {
+    const char *name;
+    int variant;
+    bool runs;
+    unsigned unit; /* unit bytes where it runs */
+} forced_case;
+
+#define P_QWEN3_PROMPT "Qwen3-8B prompt bf16, in place in QKV, bf16 cache"
+static const forced_case k_prologue_forced[] = {
+    {"Qwen3.5-27B prompt bf16, q from q|gate, bf16 cache", LMK_AP_STREAM, true, 16}, /* MIX off */
+    {P_QWEN3_PROMPT, LMK_AP_STREAM_F8, true, 16},                                    /* f8 paths, no f8 cache */
+    {P_QWEN3_PROMPT, LMK_AP_BLOCK, true, 16},                                        /* the general kernel */
+    {"Qwen3-8B decode bf16, in place in QKV", LMK_AP_BLOCK, true, 16},               /* its small-call form */
+    {"Qwen3.5-27B batch of 64 bf16", LMK_AP_DECODE_MIX, true, 16},                   /* MIX past a block an SM */
+    {"Qwen3.5-27B decode bf16, f8 cache", LMK_AP_DECODE_F8_MIX, true, 16},           /* 16-byte f8 units */
+    {P_QWEN3_PROMPT, LMK_AP_STREAM_MIX, false, 0},                                   /* no pair-and-copy rows */
+    {"Qwen3-8B prompt bf16, f8 cache, calibrated scale", LMK_AP_STREAM, false, 0},  /* its f8 cache needs f8 paths */
+    {P_QWEN3_PROMPT, LMK_AP_DECODE, false, 0},                                       /* a prompt */
+    {"Qwen3-8B decode f32, f8 cache", LMK_AP_DECODE_F8_NARROW, false, 0},           /* f32: 4 elements are 16 bytes */
+    {"Qwen3-8B prompt bf16, unaligned", LMK_AP_STREAM, false, 0},                    /* one-element units */
+};
+
+static const forced_case k_rope_forced[] = {
+    {"Qwen3.5-27B prompt bf16", LMK_ROPE_ROWS, true, 16},
+    {"Qwen3.5-27B prompt bf16, q from q|gate", LMK_ROPE_ROWS, true, 16},
+    {"Qwen3.5-27B decode bf16, q from q|gate", LMK_ROPE_ROWS, true, 8},
+    {"Llama-3.1-8B decode bf16", LMK_ROPE_PAIRS, true, 8},
+    {"Llama-3.1-8B decode bf16", LMK_ROPE_DECODE_COPY, true, 8},          /* copy items compiled in, none run */
+    {"Qwen3.5-27B prompt bf16", LMK_ROPE_BULK_MAPS, true, 16},             /* tensor maps carried, none used */
+    {"Llama-3.1-8B prompt bf16", LMK_ROPE_BULK, false, 0},                 /* nothing to copy */
+    {"Qwen3.5-27B prompt bf16", LMK_ROPE_PAIRS, false, 0},                 /* elements to copy */
+    {"Qwen3.5-27B prompt bf16, q from q|gate", LMK_ROPE_BULK, false, 0}, /* q's heads need tensor maps */
+    {"Qwen3.5-27B decode bf16, q from q|gate", LMK_ROPE_DECODE, false, 0}, /* elements to copy */
+};
+
+/* The forced rows on the described H200; the hooks reject ids outside their tables. */
+static void check_forced(arena *A, const lmk_cuda_device *h200)
+{
+    for (size_t i = 0; i < sizeof k_prologue_forced / sizeof k_prologue_forced[0]; i++) {
+        const forced_case *f = &k_prologue_forced[i];
+        const prologue_route_case *c = NULL;
+        for (size_t j = 0; j < sizeof k_prologue / sizeof k_prologue[0] && !c; j++)
+            c = strcmp(k_prologue[j].name, f->name) == 0 ? &k_prologue[j] : NULL;
+        lmk_cuda_route r = {.variant = -1, .variant_name = "-"};
+        lmk_status st = LMK_ERR_INVALID_ARGUMENT;
+        if (TST_REQUIRE(c, "forced: no attn_prologue case %s", f->name) &&
+            TST_REQUIRE(lmk_cuda_attn_prologue_force(f->variant) == LMK_OK, "force: %s", lmk_last_error()))
+            st = prologue_route_of(A, c, h200, &r);
+        CHECK(f->runs ? st == LMK_OK && r.variant == f->variant && r.unit_bytes == f->unit : st == LMK_ERR_UNSUPPORTED,
+              "attn_prologue %s forced onto %s: %s, %s (%u-byte units); want %s", f->name, k_prologue_names[f->variant],
+              lmk_status_name(st), st == LMK_OK ? r.variant_name : lmk_last_error(), st == LMK_OK ? r.unit_bytes : 0,
+              f->runs ? "that row" : "UNSUPPORTED");
+    }
+    for (size_t i = 0; i < sizeof k_rope_forced / sizeof k_rope_forced[0]; i++) {
+        const forced_case *f = &k_rope_forced[i];
+        const rope_route_case *c = NULL;
+        for (size_t j = 0; j < sizeof k_rope / sizeof k_rope[0] && !c; j++)
+            c = strcmp(k_rope[j].name, f->name) == 0 ? &k_rope[j] : NULL;
+        lmk_cuda_route r = {.variant = -1, .variant_name = "-"};
+        lmk_status st = LMK_ERR_INVALID_ARGUMENT;
+        int n = 0;
+        if (TST_REQUIRE(c, "forced: no rope case %s", f->name) &&
+            TST_REQUIRE(lmk_cuda_rope_force(f->variant) == LMK_OK, "force: %s", lmk_last_error()))
+            st = rope_route_of(A, c, h200, &n, &r);
+        CHECK(f->runs ? st == LMK_OK && n == c->launches && r.variant == f->variant && r.unit_bytes == f->unit
+                      : st == LMK_ERR_UNSUPPORTED,
+              "rope %s forced onto %s: %s, %d launches of %s (%u-byte units)%s%s; want %s", f->name,
+              k_rope_names[f->variant], lmk_status_name(st), n, r.variant_name, r.unit_bytes,
+              st == LMK_OK ? "" : ": ", st == LMK_OK ? "" : lmk_last_error(), f->runs ? "that row" : "UNSUPPORTED");
+    }
+    CHECK(lmk_cuda_attn_prologue_force(-1) == LMK_OK && lmk_cuda_rope_force(-1) == LMK_OK, "unforce: %s",
+          lmk_last_error());
+    CHECK(lmk_cuda_attn_prologue_force(LMK_AP_N_VARIANTS) == LMK_ERR_INVALID_ARGUMENT &&
+              lmk_cuda_rope_force(-2) == LMK_ERR_INVALID_ARGUMENT,
+          "the force hooks take -1 and the tables' ids only");
 }
 
 int main(void)
@@ -387,6 +530,8 @@ int main(void)
     check_rope(&A, "a described H200", &h200, true);
     check_rope(&A, "a described A100", &a100, false);
     check_prologue(&A, "a described H200", &h200);
+    check_coverage();
+    check_forced(&A, &h200);
 
     lmk_device *gpu = NULL;
     if (lmk_device_count(LMK_BACKEND_CUDA) <= 0) {

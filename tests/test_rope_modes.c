@@ -1008,7 +1008,7 @@ static void test_models(tst_dev *d)
  * 3): q read out of q|gate and written into another (both sides), in f32 alone, with YaRN and i64
  * positions, and 4 heads at 12001 tokens (a short last tile: its box passes the tensor's end). Each
  * call is also run on the same GPU opened with LMK_CUDA_BULK=0 (the other prefill kernels), which
- * must give the same bits; tests/cuda_h200.sh also runs this whole program with LMK_CUDA_BULK=0. */
+ * must give the same bits; tests/gpu_suite.sh also runs this whole program with LMK_CUDA_BULK=0. */
 static void test_long_prompts(tst_dev *d)
 {
     static const struct {

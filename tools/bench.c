@@ -21,6 +21,9 @@
 #ifdef LMK_WITH_CUDA
 #include "bench_cuda.h"
 #endif
+/* The CUDA kernel variants tables (plain data; their force hooks exist in CUDA builds only). */
+#include "../src/ops/attn_prologue/variants.h"
+#include "../src/ops/rope/variants.h"
 
 #if defined(__x86_64__)
 #include <emmintrin.h>
@@ -61,6 +64,48 @@ typedef struct bench_run {
     int n_sets, next;
 } bench_run;
 
+/* ---- --variant: one row of an op's CUDA variants table (src/ops/<op>/variants.h) ----
+ *
+ * `lmk bench --variant NAME` forces every call of the row's op onto that row (its force hook), and
+ * runs that op's cases (as --op would): a case the row cannot run is a skipped row, UNSUPPORTED. Two
+ * runs on one GPU, each forcing one row, are the A/B that keeps a row or deletes it.
+ * `--variant list` prints the rows. */
+typedef struct bench_variant {
+    const char *op, *name, *kernel, *args, *reason, *bench;
+    int id;
+    lmk_status (*force)(int variant); /* NULL: a build without CUDA */
+} bench_variant;
+
+#ifdef LMK_WITH_CUDA
+#define BENCH_AP_FORCE lmk_cuda_attn_prologue_force
+#define BENCH_ROPE_FORCE lmk_cuda_rope_force
+#else
+#define BENCH_AP_FORCE NULL
+#define BENCH_ROPE_FORCE NULL
+#endif
+
+static const bench_variant k_variants[] = {
+#define BENCH_AP_ROW(id, name, kernel, units, f8, mix, chunk, reason, bench)                                          \
+    {"attn_prologue", name, #kernel, #units " f8=" #f8 " mix=" #mix " chunk=" #chunk, reason, bench, id,             \
+     BENCH_AP_FORCE},
+    LMK_AP_VARIANTS(BENCH_AP_ROW)
+#undef BENCH_AP_ROW
+#define BENCH_ROPE_ROW(id, name, kernel, copy, maps, reason, bench)                                                   \
+    {"rope", name, #kernel, "copy=" #copy " maps=" #maps, reason, bench, id, BENCH_ROPE_FORCE},
+    LMK_ROPE_VARIANTS(BENCH_ROPE_ROW)
+#undef BENCH_ROPE_ROW
+};
+#define N_VARIANTS (int)(sizeof k_variants / sizeof k_variants[0])
+
+static void print_variants(void)
+{
+    for (int i = 0; i < N_VARIANTS; i++) {
+        const bench_variant *v = &k_variants[i];
+        printf("%-14s %-30s %s %s\n    why: %s\n    kept by: %s\n", v->op, v->name, v->kernel, v->args, v->reason,
+               v->bench);
+    }
+}
+
 typedef struct bench_opts {
     lmk_backend backend;
     const tst_op *op; /* NULL: all */
@@ -72,6 +117,8 @@ typedef struct bench_opts {
     bool json;
     bool all;         /* every case of the selected ops (--all, --op, --dtype or --T), else the headline */
     bool list;        /* print the cases, time nothing */
+    bool list_variants;           /* --variant list */
+    const bench_variant *variant; /* --variant NAME: the row every call of its op is forced onto; NULL: none */
 } bench_opts;
 
 /* ---- the headline: what `lmk bench` runs by default ----
@@ -684,6 +731,24 @@ static int parse_T_list(const char *v, bench_opts *o)
     }
 }
 
+/* --variant NAME: the row (and its op, as --op), or "list". Parsed in place; --op may come before
+ * or after, and must then name the row's op (parse_bench_opts). */
+static int parse_variant(const char *v, bench_opts *o)
+{
+    if (strcmp(v, "list") == 0) {
+        o->list_variants = true;
+        return 0;
+    }
+    for (int i = 0; i < N_VARIANTS && !o->variant; i++)
+        o->variant = strcmp(k_variants[i].name, v) == 0 ? &k_variants[i] : NULL;
+    if (!o->variant)
+        return tool_usage_error("unknown --variant '%s' (lmk bench --variant list prints the variants)", v);
+    if (!o->variant->force)
+        return tool_usage_error("--variant needs the CUDA backend; make CUDA=1 builds it");
+    o->all = true;
+    return 0;
+}
+
 static int parse_bench_opts(int argc, char **argv, bench_opts *o)
 {
     static const char *const backends[] = {"cpu", "cuda"};
@@ -723,9 +788,19 @@ static int parse_bench_opts(int argc, char **argv, bench_opts *o)
             if (r < 0 || tool_parse_u64("--iters", v, 1, 100000, &n) < 0)
                 return TOOL_EXIT_USAGE;
             o->iters = (int)n;
+        } else if ((r = tool_opt(argc, argv, &i, "--variant", &v)) != 0) {
+            if (r < 0 || parse_variant(v, o) != 0)
+                return TOOL_EXIT_USAGE;
         } else {
             return tool_unknown_arg("bench", argv[i]);
         }
+    }
+    if (o->variant) { /* its op's cases, as --op */
+        const tst_op *op = tst_op_find(o->variant->op);
+        if (!op || (o->op && o->op != op))
+            return tool_usage_error("--variant %s is a variant of %s, not of --op's op", o->variant->name,
+                                    o->variant->op);
+        o->op = op;
     }
     return 0;
 }
@@ -737,6 +812,10 @@ static int open_env(const bench_opts *o, bench_env *e)
     if (st != LMK_OK)
         return tool_lib_error(st, "cannot open the device");
     e->cuda = lmk_device_backend(e->dev) == LMK_BACKEND_CUDA;
+    if (o->variant && !e->cuda)
+        return tool_usage_error("--variant %s needs a CUDA device (--backend cuda)", o->variant->name);
+    if (o->variant && (st = o->variant->force(o->variant->id)) != LMK_OK)
+        return tool_lib_error(st, "cannot force the variant");
     if (o->threads && (st = lmk_device_set_threads(e->dev, o->threads)) != LMK_OK)
         return tool_lib_error(st, "cannot set the thread count");
     if ((st = lmk_stream_create(e->dev, &e->s)) != LMK_OK)
@@ -771,6 +850,9 @@ static void print_header(const bench_opts *o, const bench_env *e, int n_cases, i
     const char *no_cuda = no_cuda_reason(o, e);
     if (no_cuda)
         printf("# cuda: skipped: %s\n", no_cuda);
+    if (o->variant)
+        printf("# every %s call forced onto the variant %s (%s %s)\n", o->variant->op, o->variant->name,
+               o->variant->kernel, o->variant->args);
     if (!o->all)
         printf("# %d headline cases (lmk bench --all: all %d cases, lmk bench --help: the options)\n", n_cases,
                n_every);
@@ -789,8 +871,11 @@ int tool_bench(int argc, char **argv)
 {
     bench_opts o;
     int rc = parse_bench_opts(argc, argv, &o);
-    if (rc != 0)
+    if (rc != 0 || o.list_variants) {
+        if (rc == 0)
+            print_variants();
         return rc;
+    }
     tst_case *cases = calloc(MAX_CASES, sizeof *cases);
     const char **labels = calloc(MAX_CASES, sizeof *labels);
     if (!cases || !labels) {

@@ -24,7 +24,7 @@ static const char usage_main[] =
     "\n"
     "  lmk --version    prints the library version\n";
 
-/* %s: the ops, "repeat|rope|...". */
+/* %s: the names of the registry's ops (tst_ops) joined by "|". */
 static const char usage_check[] =
     "usage: lmk check [--quick] [--backend cpu|cuda|all] [--op %s|all] [--seed N] [-v] [--json]\n"
     "\n"
@@ -42,7 +42,7 @@ static const char usage_check[] =
 
 static const char usage_bench[] =
     "usage: lmk bench [--all] [--backend cpu|cuda] [--op %s|all] [--dtype f32|bf16|all]\n"
-    "                 [--T LIST] [--threads N] [--iters N] [--list] [--json]\n"
+    "                 [--T LIST] [--threads N] [--iters N] [--variant NAME|list] [--list] [--json]\n"
     "\n"
     "Times each op at real model shapes and reports GB/s of the bytes it must move against a copy\n"
     "ceiling measured in the same run. docs/bench.md explains the columns. Without --all, --op,\n"
@@ -55,6 +55,7 @@ static const char usage_bench[] =
     "  --T LIST              with --all: comma-separated token counts (default 1,4106,16384)\n"
     "  --threads N           CPU worker threads (default: LMK_NUM_THREADS, else every core)\n"
     "  --iters N             timed iterations per case (default: adaptive, at least 5)\n"
+    "  --variant NAME|list   force one CUDA kernel variant of its op (an A/B); list: the variants\n"
     "  --list                print the cases that would run, time nothing\n"
     "  --json                a JSON array on stdout instead of the table\n";
 

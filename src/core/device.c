@@ -1,15 +1,18 @@
 /*
- * device.c - opening devices and choosing their backend.
+ * device.c - opening devices, choosing their backend, and what the build's backends report.
  *
  * The device is the only place that knows which backend table serves a handle; every other
  * front-end function dispatches through dev->ops, so adding a backend touches this file alone.
+ * Core never calls into a backend by name: what it needs from one (its device count, a name that
+ * shows the thread count, its part of lmk_build_info) is a slot of the backend's table.
  */
 #include "core/internal.h"
-#include "cpu/cpu.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 int lmk_default_threads(void)
@@ -25,21 +28,33 @@ int lmk_default_threads(void)
     return n >= 1 ? (n > 1024 ? 1024 : (int)n) : 1;
 }
 
-int lmk_device_count(lmk_backend backend)
+/* The table of each backend this build has; NULL for the others and for AUTO (a choice, not a
+ * backend). */
+static const lmk_backend_ops *backend_table(lmk_backend backend)
 {
     switch (backend) {
     case LMK_BACKEND_CPU:
-        return 1;
-    case LMK_BACKEND_CUDA:
+        return &lmk_cpu_backend;
 #ifdef LMK_WITH_CUDA
-        return lmk_cuda_device_count();
-#else
-        return 0;
+    case LMK_BACKEND_CUDA:
+        return &lmk_cuda_backend;
 #endif
-    case LMK_BACKEND_AUTO:
-        return lmk_device_count(LMK_BACKEND_CUDA) > 0 ? lmk_device_count(LMK_BACKEND_CUDA) : 1;
+    default:
+        return NULL;
     }
-    return 0;
+}
+
+/* Every backend, in the order lmk_build_info lists their details. */
+static const lmk_backend g_backends[] = {LMK_BACKEND_CPU, LMK_BACKEND_CUDA};
+
+int lmk_device_count(lmk_backend backend)
+{
+    if (backend == LMK_BACKEND_AUTO) {
+        const int n_cuda = lmk_device_count(LMK_BACKEND_CUDA);
+        return n_cuda > 0 ? n_cuda : 1;
+    }
+    const lmk_backend_ops *ops = backend_table(backend);
+    return ops ? ops->device_count() : 0;
 }
 
 lmk_status lmk_device_open(lmk_backend backend, int ordinal, lmk_device **out)
@@ -48,25 +63,15 @@ lmk_status lmk_device_open(lmk_backend backend, int ordinal, lmk_device **out)
         return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_device_open: out must not be NULL");
     if (ordinal < 0)
         return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_device_open: ordinal (%d) must be >= 0", ordinal);
-
-    const lmk_backend_ops *ops = NULL;
-    switch (backend) {
-    case LMK_BACKEND_AUTO:
+    if (backend == LMK_BACKEND_AUTO) {
         backend = lmk_device_count(LMK_BACKEND_CUDA) > 0 ? LMK_BACKEND_CUDA : LMK_BACKEND_CPU;
         return lmk_device_open(backend, ordinal, out);
-    case LMK_BACKEND_CPU:
-        ops = &lmk_cpu_backend;
-        break;
-    case LMK_BACKEND_CUDA:
-#ifdef LMK_WITH_CUDA
-        ops = &lmk_cuda_backend;
-        break;
-#else
-        return lmk_fail(LMK_ERR_UNSUPPORTED, "lmk_device_open: this build of lmk has no CUDA backend");
-#endif
-    default:
-        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_device_open: unknown backend %d", (int)backend);
     }
+    const lmk_backend_ops *ops = backend_table(backend);
+    if (!ops && backend == LMK_BACKEND_CUDA)
+        return lmk_fail(LMK_ERR_UNSUPPORTED, "lmk_device_open: this build of lmk has no CUDA backend");
+    if (!ops)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "lmk_device_open: unknown backend %d", (int)backend);
 
     lmk_device *dev = lmk_host_calloc(sizeof *dev, 0);
     if (!dev)
@@ -111,8 +116,8 @@ lmk_status lmk_device_set_threads(lmk_device *dev, int n_threads)
                         n_threads);
     /* Relaxed atomic: another thread may be reading it in lmk_stream_create right now. */
     __atomic_store_n(&dev->n_threads, n_threads <= 0 ? lmk_default_threads() : n_threads, __ATOMIC_RELAXED);
-    if (dev->backend == LMK_BACKEND_CPU) /* the name shows the thread count (lmk.h) */
-        lmk_cpu_name_device(dev);
+    if (dev->ops->device_threads_changed) /* the CPU name shows the thread count (lmk.h) */
+        dev->ops->device_threads_changed(dev);
     return LMK_OK;
 }
 
@@ -121,4 +126,35 @@ int lmk_device_threads(const lmk_device *dev)
     if (!dev || dev->backend != LMK_BACKEND_CPU)
         return 0;
     return __atomic_load_n(&dev->n_threads, __ATOMIC_RELAXED);
+}
+
+/* The build's fixed part, then each backend's run-time part (the CPU's simd=, known only at run
+ * time), written once. */
+static char g_build_info[256];
+static pthread_once_t g_build_info_once = PTHREAD_ONCE_INIT;
+
+static void build_info_init(void)
+{
+    snprintf(g_build_info, sizeof g_build_info, "%s",
+             "compiler=" LMK_BUILD_COMPILER
+#ifdef LMK_WITH_CUDA
+             " cuda=yes (" LMK_BUILD_CUDA_ARCHS ")"
+#else
+             " cuda=no"
+#endif
+             " build=" LMK_BUILD_TYPE);
+    for (size_t i = 0; i < sizeof g_backends / sizeof g_backends[0]; i++) {
+        const lmk_backend_ops *ops = backend_table(g_backends[i]);
+        const size_t used = strlen(g_build_info);
+        if (!ops || !ops->build_detail || used + 2 >= sizeof g_build_info)
+            continue;
+        g_build_info[used] = ' ';
+        ops->build_detail(g_build_info + used + 1, sizeof g_build_info - used - 1);
+    }
+}
+
+const char *lmk_build_info(void)
+{
+    pthread_once(&g_build_info_once, build_info_init);
+    return g_build_info;
 }

@@ -33,7 +33,7 @@ extern "C" {
 /* ---- errors (src/core/status.c) ---- */
 
 /* Formats the calling thread's message and returns `st`, so a failure path is one line:
- *     return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "repeat_tiled: h (%u) ...", h); */
+ *     return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "<op>: <field> (%u) must be ...", value); */
 lmk_status lmk_fail(lmk_status st, const char *fmt, ...) LMK_PRINTF(2, 3);
 
 /* ---- host memory through the allocator hook (src/core/alloc.c) ---- */
@@ -61,9 +61,17 @@ double lmk_rope_tolerance(lmk_dtype t, double ref);
 typedef lmk_status (*lmk_op_fn)(lmk_stream *s, const void *args);
 
 typedef struct lmk_backend_ops {
+    /* devices this process can open (0 where there is no driver or GPU: not an error) */
+    int (*device_count)(void);
     /* device */
     lmk_status (*device_open)(lmk_device *dev, int ordinal); /* fills dev->impl and dev->name */
     void (*device_close)(lmk_device *dev);
+    /* dev->n_threads changed (lmk_device_set_threads): rewrites what shows it, such as the name;
+     * NULL where nothing does */
+    void (*device_threads_changed)(lmk_device *dev);
+    /* this backend's run-time part of lmk_build_info ("simd=avx2") into buf of n bytes; NULL when
+     * it has none (src/core/device.c) */
+    void (*build_detail)(char *buf, size_t n);
     /* memory; alloc returns zero-filled memory */
     lmk_status (*mem_alloc)(lmk_device *dev, size_t n, void **out);
     void (*mem_free)(lmk_device *dev, void *p);
@@ -78,10 +86,11 @@ typedef struct lmk_backend_ops {
     lmk_op_fn op[LMK_OP_COUNT];
 } lmk_backend_ops;
 
+/* The backends' tables, which only src/core/device.c reads: the rest of core reaches a backend
+ * through a handle's dev->ops, never by name. */
 extern const lmk_backend_ops lmk_cpu_backend;
 #ifdef LMK_WITH_CUDA
 extern const lmk_backend_ops lmk_cuda_backend;
-int lmk_cuda_device_count(void);
 #endif
 
 /* Runs op `id` of the stream's backend on validated arguments (src/core/stream.c). `name` is the

@@ -1,5 +1,5 @@
 /*
- * status.c - status names and the per-thread failure message.
+ * status.c - status names, the per-thread failure message, and the version.
  *
  * Errors are values: every failing call returns an lmk_status and leaves a message in a
  * thread-local buffer. The buffer is static per thread (no allocation), so reporting a failure can
@@ -7,9 +7,6 @@
  */
 #include "core/internal.h"
 
-#include "cpu/cpu.h"
-
-#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -80,27 +77,4 @@ lmk_status lmk_fail(lmk_status st, const char *fmt, ...)
 const char *lmk_version(void)
 {
     return LMK_STR(LMK_VERSION_MAJOR) "." LMK_STR(LMK_VERSION_MINOR) "." LMK_STR(LMK_VERSION_PATCH);
-}
-
-/* The build's fixed part, then simd=: the CPU level, known only at run time. */
-static char g_build_info[256];
-static pthread_once_t g_build_info_once = PTHREAD_ONCE_INIT;
-
-static void build_info_init(void)
-{
-    snprintf(g_build_info, sizeof g_build_info, "%s simd=%s",
-             "compiler=" LMK_BUILD_COMPILER
-#ifdef LMK_WITH_CUDA
-             " cuda=yes (" LMK_BUILD_CUDA_ARCHS ")"
-#else
-             " cuda=no"
-#endif
-             " build=" LMK_BUILD_TYPE,
-             lmk_cpu_simd_name());
-}
-
-const char *lmk_build_info(void)
-{
-    pthread_once(&g_build_info_once, build_info_init);
-    return g_build_info;
 }

@@ -546,9 +546,22 @@ void lmk_cpu_parallel(lmk_stream *s, size_t bytes, lmk_cpu_task task, void *ctx)
 LMK_OPS(CPU_OP_DECL)
 #undef CPU_OP_DECL
 
+static int cpu_device_count(void)
+{
+    return 1;
+}
+
+static void cpu_build_detail(char *buf, size_t n)
+{
+    snprintf(buf, n, "simd=%s", lmk_cpu_simd_name());
+}
+
 const lmk_backend_ops lmk_cpu_backend = {
+    .device_count = cpu_device_count,
     .device_open = cpu_device_open,
     .device_close = cpu_device_close,
+    .device_threads_changed = lmk_cpu_name_device,
+    .build_detail = cpu_build_detail,
     .mem_alloc = cpu_mem_alloc,
     .mem_free = cpu_mem_free,
     .mem_write = cpu_mem_copy,

@@ -11,8 +11,8 @@
  *    default stream, so a plain cudaMemset/cudaMemcpy could still be in flight when an op on an
  *    lmk stream starts. Allocation zeroing and host copies therefore run on a private stream
  *    per device and are waited for before the call returns (they are setup, not ops).
- *  - A machine without a driver or GPU is normal (CI): lmk_cuda_device_count returns 0 and device
- *    open returns LMK_ERR_NOT_FOUND, each with the runtime's error cleared.
+ *  - A machine without a driver or GPU is normal (CI): the device count is 0 and device open
+ *    returns LMK_ERR_NOT_FOUND, each with the runtime's error cleared.
  */
 #include "cuda/cuda_internal.h"
 #include "lmk_cuda.h"
@@ -29,7 +29,7 @@ lmk_status lmk_cuda_fail(cudaError_t e, const char *what)
     return lmk_fail(st, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
-int lmk_cuda_device_count(void)
+static int cuda_device_count(void)
 {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -291,21 +291,23 @@ static void cuda_stream_destroy(lmk_stream *s)
     s->impl = NULL;
 }
 
-/* Every op of src/ops/ops.h has its CUDA launcher, lmk_cuda_<op> in src/ops/<op>/cuda.cu. */
+/* Every op of src/ops/ops.h has its CUDA launcher, lmk_cuda_<op> in src/ops/<op>/cuda.cu. Slots are
+ * assigned by name (C++ has no designated array initialisers); the ones left NULL say the backend has
+ * nothing there: a CUDA device's name does not show a thread count, and the build's CUDA facts are
+ * fixed at compile time (device.c). */
 static lmk_backend_ops make_table()
 {
-    lmk_backend_ops t = {
-    cuda_device_open,
-    cuda_device_close,
-    cuda_mem_alloc,
-    cuda_mem_free,
-    cuda_mem_write,
-    cuda_mem_read,
-    cuda_stream_create,
-    cuda_stream_sync,
-    cuda_stream_destroy,
-    {},
-    };
+    lmk_backend_ops t = {};
+    t.device_count = cuda_device_count;
+    t.device_open = cuda_device_open;
+    t.device_close = cuda_device_close;
+    t.mem_alloc = cuda_mem_alloc;
+    t.mem_free = cuda_mem_free;
+    t.mem_write = cuda_mem_write;
+    t.mem_read = cuda_mem_read;
+    t.stream_create = cuda_stream_create;
+    t.stream_sync = cuda_stream_sync;
+    t.stream_destroy = cuda_stream_destroy;
 #define CUDA_OP_SLOT(name) t.op[LMK_OP_##name] = lmk_cuda_##name;
     LMK_OPS(CUDA_OP_SLOT)
 #undef CUDA_OP_SLOT

@@ -73,8 +73,11 @@
  * kernel and the prefill kernel without an f8 cache have MIX instantiations in which every lane
  * runs one path for both (emit_mixed), taken where they measure faster (LaunchPlan.mix,
  * plan_launch).
- * plan_call makes every one of these choices, for the launch and for lmk_cuda_attn_prologue_route
- * (cuda_route.h), through which tests/test_cuda_routing.c checks them on the model shapes.
+ * Every instantiation is a row of variants.h's table (kernel, unit width, f8 paths, MIX, CHUNK);
+ * plan_call makes every one of these choices and returns the row (plan_variant), for the launch (a
+ * switch over the table), for lmk_cuda_attn_prologue_route (route.h), through which
+ * tests/test_cuda_routing.c checks them on the model shapes, and for the preload. The bench forces a
+ * row (lmk_cuda_attn_prologue_force) to time it against the planner's choice.
  *
  * Launches use programmatic dependent launch where the device allows it (lmk_cuda_device.pdl,
  * kernel_common.cuh): a launch may start while the previous kernel of the stream finishes, and
@@ -89,11 +92,13 @@
  */
 #include "core/f8.h"
 #include "cuda/cuda_internal.h"
-#include "cuda/cuda_route.h"
 #include "cuda/kernel_common.cuh"
 #include "ops/attn_prologue/attn_prologue.h"
+#include "ops/attn_prologue/route.h"
+#include "ops/attn_prologue/variants.h"
 #include "ops/rope/rope_common.h"
 
+#include <atomic>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -134,6 +139,18 @@ struct Cache {
     float inv; /* the call's k_inv_scale or v_inv_scale (lmk_attn_prologue_args) */
     int f8;
 };
+
+/* A row's kind (kind_of): what it reads and where it goes. q and k rows share one set of items
+ * (ApParams.kind[QK_ITEMS]), v rows have their own (V_ITEMS); the caches are ApParams.cache[K_CACHE]
+ * and [V_CACHE]. */
+enum RowKind : int { ROW_Q, ROW_K, ROW_V };
+enum ItemSet : int { QK_ITEMS, V_ITEMS };
+enum CacheId : int { K_CACHE, V_CACHE };
+
+__host__ __device__ constexpr ItemSet items_of(RowKind k)
+{
+    return k == ROW_V ? V_ITEMS : QK_ITEMS;
+}
 
 /* The items of a row kind (q and k rows share one; v rows have their own), offsets in elements. */
 struct Kind {
@@ -181,7 +198,7 @@ struct Plan {
 
 struct ApParams {
     Tensor q_in, k_in, v_in, q_out, k_out;
-    Cache cache[2];           /* k, v */
+    Cache cache[2];           /* K_CACHE, V_CACHE */
     const void *q_w, *k_w;    /* nullptr: no norm */
     int q_w_dt, k_w_dt;
     float w_off, eps, inv_d;
@@ -189,7 +206,7 @@ struct ApParams {
     uint32_t half;            /* rotated pairs */
     uint32_t ustep, pstride;  /* elements from pair item i's a unit to item i+1's; from a to b */
     int il;                   /* pair items are single units of VE/2 interleaved pairs */
-    Kind kind[2];             /* q and k rows, v rows */
+    Kind kind[2];             /* QK_ITEMS, V_ITEMS */
     const void *slots;
     int slot_i64;
     AnglePlan a;
@@ -206,7 +223,7 @@ static_assert(sizeof(ApParams) <= 4000, "kernel parameters must stay under the 4
 struct Dst {
     unsigned char *out, *cache; /* nullptr: not written */
     int f8;                     /* the cache row is f8 */
-    int ci;                     /* the cache: 0 k, 1 v (its inv in ApParams.cache) */
+    CacheId ci;                 /* the cache (its inv in ApParams.cache) */
 };
 
 /* lmk.h's f8 factor: x * inv rounded once to f32 (__fmul_rn: never contracted into an fma), the
@@ -452,19 +469,25 @@ __device__ __forceinline__ bool task_of(const ApParams &p, const Block &bk, uint
     return true;
 }
 
-/* Row r's kind (0 q, 1 k, 2 v) and head. */
-__device__ __forceinline__ int kind_of(const ApParams &p, uint32_t r, uint32_t *h)
+/* Row r's kind and head: q rows, then k, then v. */
+__device__ __forceinline__ RowKind kind_of(const ApParams &p, uint32_t r, uint32_t *h)
 {
     if (r < p.hq)
-        return *h = r, 0;
+        return *h = r, ROW_Q;
     if (r < p.hq + p.hk)
-        return *h = r - p.hq, 1;
-    return *h = r - p.hq - p.hk, 2;
+        return *h = r - p.hq, ROW_K;
+    return *h = r - p.hq - p.hk, ROW_V;
 }
 
-__device__ __forceinline__ const unsigned char *row_in(const ApParams &p, int kind, uint64_t t, uint32_t h)
+/* The row has a norm (q and k rows with their weights; v rows never). */
+__device__ __forceinline__ bool has_norm(const ApParams &p, RowKind kind)
 {
-    const Tensor &x = kind == 0 ? p.q_in : kind == 1 ? p.k_in : p.v_in;
+    return kind == ROW_Q ? p.q_w != nullptr : kind == ROW_K && p.k_w != nullptr;
+}
+
+__device__ __forceinline__ const unsigned char *row_in(const ApParams &p, RowKind kind, uint64_t t, uint32_t h)
+{
+    const Tensor &x = kind == ROW_Q ? p.q_in : kind == ROW_K ? p.k_in : p.v_in;
     return x.p + t * x.tok + (uint64_t)h * x.head;
 }
 
@@ -472,7 +495,7 @@ __device__ __forceinline__ const unsigned char *row_in(const ApParams &p, int ki
 struct RowTask {
     const unsigned char *in;
     uint32_t tl, h;
-    int kind;
+    RowKind kind;
     bool live;
 };
 
@@ -720,18 +743,18 @@ struct DstBase {
     unsigned char *out, *cache; /* nullptr: not written */
     uint64_t tok, rows;
     int f8; /* Dst.f8 */
-    int ci;
+    CacheId ci;
 };
 
-__device__ __forceinline__ DstBase dst_base(const ApParams &p, int kind, uint64_t t, uint32_t h)
+__device__ __forceinline__ DstBase dst_base(const ApParams &p, RowKind kind, uint64_t t, uint32_t h)
 {
-    const int ci = kind == 2 ? 1 : 0;
+    const CacheId ci = kind == ROW_V ? V_CACHE : K_CACHE;
     const Cache &c = p.cache[ci];
-    const Tensor &o = kind == 0 ? p.q_out : p.k_out;
+    const Tensor &o = kind == ROW_Q ? p.q_out : p.k_out;
     DstBase b{nullptr, nullptr, c.t.tok, c.rows, c.f8, ci};
-    if (kind != 2 && o.p)
+    if (kind != ROW_V && o.p)
         b.out = o.p + t * o.tok + (uint64_t)h * o.head;
-    if (kind != 0 && c.t.p)
+    if (kind != ROW_Q && c.t.p)
         b.cache = c.t.p + (uint64_t)h * c.t.head;
     return b;
 }
@@ -750,7 +773,7 @@ __device__ __forceinline__ Dst dst_at(const DstBase &b, const int64_t *slot)
 }
 
 /* The destinations of row (kind, h) of token t (block-local tl). */
-__device__ __forceinline__ Dst dst_of(const ApParams &p, const Shared &sh, int kind, uint64_t t, uint32_t tl,
+__device__ __forceinline__ Dst dst_of(const ApParams &p, const Shared &sh, RowKind kind, uint64_t t, uint32_t tl,
                                       uint32_t h)
 {
     return dst_at(dst_base(p, kind, t, h), sh.slot + tl);
@@ -866,12 +889,12 @@ __device__ __forceinline__ float team_sum_flat(float v, uint32_t L)
  * same lane reads and writes each element, so in place still holds). F8: the call may have an f8
  * cache (without, the f8 paths are not compiled in). */
 template <int DT, int VE, int U, bool CHUNK, bool F8 = true, bool MIX = false>
-__device__ __forceinline__ void emit_row(const ApParams &p, const Shared &sh, const Dst &d, uint32_t tl, int kind,
+__device__ __forceinline__ void emit_row(const ApParams &p, const Shared &sh, const Dst &d, uint32_t tl, RowKind kind,
                                          const unsigned char *in, bool norm, float rn, uint32_t lane, uint32_t L,
                                          Raw<VE * Elem<DT>::size> (&a)[U], Raw<VE * Elem<DT>::size> (&b)[U])
 {
-    const float *w = sh.w + (kind == 1 ? p.D : 0); /* read only with a norm */
-    const Kind &g = p.kind[kind == 2 ? 1 : 0];
+    const float *w = sh.w + (kind == ROW_K ? p.D : 0); /* read only with a norm */
+    const Kind &g = p.kind[items_of(kind)];
     const float2 *cs = sh.cs + (size_t)tl * p.half;
     const uint32_t chunks = CHUNK ? g.chunks : 1;
     for (uint32_t c = 0; c < chunks; c++) {
@@ -1168,7 +1191,7 @@ __global__ void __launch_bounds__(kThreads, CHUNK ? 2 : 3) prologue_kernel(const
     const Shared sh = block_shared(pl, smem);
     const uint32_t L = 1u << pl.l_log2, lane = threadIdx.x & (L - 1u);
     const RowTask t = row_task(p, bk, threadIdx.x >> pl.l_log2);
-    const Kind &g = p.kind[t.kind == 2 ? 1 : 0];
+    const Kind &g = p.kind[items_of(t.kind)];
     Raw<VE * ES> a[U], b[U];
     const FillPlan fp = pl.batch_fill ? fill_plan(p, bk) : FillPlan{};
     pdl_enter(); /* everything above is parameter arithmetic; every memory access is below */
@@ -1183,7 +1206,7 @@ __global__ void __launch_bounds__(kThreads, CHUNK ? 2 : 3) prologue_kernel(const
         fill_shared(p, bk, sh);
     }
     __syncthreads();
-    const bool norm = t.live && (t.kind == 0 ? p.q_w != nullptr : t.kind == 1 && p.k_w != nullptr);
+    const bool norm = t.live && has_norm(p, t.kind);
     float ss = 0.0f;
     if (norm) {
         ss = sum_sq<DT, VE, U>(a, b);
@@ -1215,7 +1238,7 @@ __global__ void __launch_bounds__(kSpreadThreads) prologue_decode_kernel(const _
     const Shared sh = block_shared(pl, smem);
     const uint32_t L = 1u << pl.l_log2, lane = threadIdx.x & (L - 1u);
     const RowTask t = row_task(p, bk, threadIdx.x >> pl.l_log2);
-    const Kind &g = p.kind[t.kind == 2 ? 1 : 0];
+    const Kind &g = p.kind[items_of(t.kind)];
     const DstBase db = dst_base(p, t.kind, bk.t0 + t.tl, t.h); /* before the wait: parameters only */
     Raw<VE * ES> a[1], b[1];
     const FillPlan fp = fill_plan(p, bk);
@@ -1225,7 +1248,7 @@ __global__ void __launch_bounds__(kSpreadThreads) prologue_decode_kernel(const _
         load_items<ES, VE, 1>(p, g, t.in, lane, L, a, b);
     fill_finish(p, bk, sh, fp, fr);
     __syncthreads();
-    const bool norm = t.live && (t.kind == 0 ? p.q_w != nullptr : t.kind == 1 && p.k_w != nullptr);
+    const bool norm = t.live && has_norm(p, t.kind);
     float ss = norm ? sum_sq<DT, VE, 1>(a, b) : 0.0f;
     ss = F8 ? team_sum(ss, L) : team_sum_flat(ss, L);
     if (t.live)
@@ -1336,9 +1359,9 @@ __device__ __forceinline__ uint32_t rec_tl(uint32_t info)
     return info & 0xffu;
 }
 
-__device__ __forceinline__ int rec_kind(uint32_t info)
+__device__ __forceinline__ RowKind rec_kind(uint32_t info)
 {
-    return (int)(info >> 8 & 3u);
+    return (RowKind)(info >> 8 & 3u);
 }
 
 __device__ __forceinline__ uint32_t rec_angle_tl(uint32_t info)
@@ -1366,7 +1389,7 @@ __device__ __forceinline__ StreamRec stream_rec(const ApParams &p, uint32_t grou
     const uint32_t tl = (team * pl.magic) >> kMagicShift, rr = team - tl * pl.rpg;
     const bool has = team < pl.tile * pl.rpg && rr < nr;
     uint32_t h = 0;
-    const int kind = kind_of(p, r_lo + rr, &h);
+    const RowKind kind = kind_of(p, r_lo + rr, &h);
     StreamRec r{};
     r.h = has ? h : 0u;
     const uint32_t tid = threadIdx.x, atl = tid / p.half, i = tid - atl * p.half;
@@ -1400,13 +1423,13 @@ __device__ __forceinline__ Block stream_block(const ApParams &p, uint64_t ti, ui
 }
 
 /* The record's input row at token t. */
-__device__ __forceinline__ const unsigned char *rec_in(const ApParams &p, const StreamRec *r, int kind, uint64_t t)
+__device__ __forceinline__ const unsigned char *rec_in(const ApParams &p, const StreamRec *r, RowKind kind, uint64_t t)
 {
     return row_in(p, kind, t, r->h);
 }
 
 /* The record's destinations at token t (dst_base's), its slot at *slot (dst_at's rule). */
-__device__ __forceinline__ Dst rec_dst(const ApParams &p, const StreamRec *r, int kind, uint64_t t,
+__device__ __forceinline__ Dst rec_dst(const ApParams &p, const StreamRec *r, RowKind kind, uint64_t t,
                                        const int64_t *slot)
 {
     return dst_at(dst_base(p, kind, t, r->h), slot);
@@ -1512,8 +1535,8 @@ __global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __gr
         const Block bk = stream_block(p, ti, group);
         const uint32_t info = rec->info;
         if (rec_live(info, bk.tt)) {
-            const int kind = rec_kind(info);
-            stage_items<VE, U>(p, p.kind[kind == 2 ? 1 : 0], rec_in(p, rec, kind, bk.t0 + rec_tl(info)), lane, L,
+            const RowKind kind = rec_kind(info);
+            stage_items<VE, U>(p, p.kind[items_of(kind)], rec_in(p, rec, kind, bk.t0 + rec_tl(info)), lane, L,
                                sm + pl.stage_at);
         }
         fill_pair_tab(p, pt);
@@ -1534,8 +1557,8 @@ __global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __gr
             const Block nbk = stream_block(p, nt, group);
             const uint32_t info = rec->info;
             if (rec_live(info, nbk.tt)) {
-                const int kind = rec_kind(info);
-                stage_items<VE, U>(p, p.kind[kind == 2 ? 1 : 0], rec_in(p, rec, kind, nbk.t0 + rec_tl(info)), lane,
+                const RowKind kind = rec_kind(info);
+                stage_items<VE, U>(p, p.kind[items_of(kind)], rec_in(p, rec, kind, nbk.t0 + rec_tl(info)), lane,
                                    L, sm + pl.stage_at + (s ^ 1) * stage_b);
             }
             staged = stage_table_words(p, pt, nbk, info, ps);
@@ -1546,10 +1569,10 @@ __global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __gr
         const Shared sh{reinterpret_cast<float2 *>(smem) + (s ? pl.cs2_at : 0), w,
                         reinterpret_cast<int64_t *>(sm + (s ? pl.slot2_at : pl.slot_at))};
         const bool live = rec_live(info, bk.tt);
-        const int kind = rec_kind(info);
+        const RowKind kind = rec_kind(info);
         const uint32_t tl = rec_tl(info);
         Raw<16> a[U], b[U];
-        const bool norm = live && (kind == 0 ? p.q_w != nullptr : kind == 1 && p.k_w != nullptr);
+        const bool norm = live && has_norm(p, kind);
         float ss = 0.0f;
         if (live) {
             unstage_items<U>(sm + pl.stage_at + s * stage_b, a, b);
@@ -1573,7 +1596,7 @@ __global__ void __launch_bounds__(kThreads, 3) prologue_stream_kernel(const __gr
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Launch: the instantiation for a dtype, unit width and items per lane.
+ * Launch: the variants table's rows (variants.h) as kernels, for each dtype.
  * ------------------------------------------------------------------------------------------- */
 
 struct LaunchPlan {
@@ -1585,96 +1608,89 @@ struct LaunchPlan {
     bool decode; /* prologue_decode_kernel (plan_team) */
     bool mix;    /* the MIX instantiation (emit_items; plan_launch) */
     int sm_count;
+    lmk_ap_variant variant; /* the row launched (plan_variant) */
 };
 
-template <int DT, int VE, int U, bool CHUNK>
-cudaError_t launch(const ApParams &p, const LaunchPlan &L, cudaStream_t st)
+using ApKernel = void (*)(ApParams);
+
+/* The kernel of a row of the table for dtype DT: its template arguments (variants.h) in the
+ * kernel's terms. 16-byte units are VE = 16 / element size with U = 2 items a lane, one-element
+ * units U = 4 (plan_team), the decode kernel's a lane per item. */
+template <int DT, lmk_ap_kernel K, lmk_ap_units UN, bool F8, bool MIX, bool CHUNK> ApKernel kernel_of()
 {
-    if constexpr (VE * Elem<DT>::size == 16 && !CHUNK) {
-        if (L.stream) {
-            void (*const k)(ApParams) = L.f8    ? prologue_stream_kernel<DT, VE, U, true, false>
-                                        : L.mix ? prologue_stream_kernel<DT, VE, U, false, true>
-                                                : prologue_stream_kernel<DT, VE, U, false, false>;
-            int per_sm = 0;
-            const cudaError_t e =
-                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, (int)L.threads.x, L.smem);
-            if (e != cudaSuccess)
-                return e;
-            uint64_t n = (uint64_t)(per_sm > 0 ? per_sm : 1) * (uint64_t)(L.sm_count > 0 ? L.sm_count : 1);
-            n = n < p.pl.n_blocks ? n : p.pl.n_blocks;
-            /* a multiple of the groups (n_blocks is one): each CUDA block keeps its group */
-            n = n < p.pl.groups ? p.pl.groups : n - n % p.pl.groups;
-            return lmk_cuda_start(k, p, dim3((unsigned)n, 1, 1), L.threads, L.smem, st, L.pdl);
-        }
+    constexpr int VE = UN == LMK_AP_U1 ? 1 : UN == LMK_AP_U4 ? (int)kDecodeF8Elems : 16 / Elem<DT>::size;
+    if constexpr (K == LMK_AP_K_STREAM) {
+        static_assert(UN == LMK_AP_U16 && !CHUNK, "the stream kernel stages 16-byte units, whole rows");
+        return prologue_stream_kernel<DT, VE, kItems<16>, F8, MIX>;
+    } else if constexpr (K == LMK_AP_K_DECODE) {
+        static_assert(UN != LMK_AP_U1 && !CHUNK, "the decode kernel: a lane per 16-byte or 4-element unit");
+        return prologue_decode_kernel<DT, VE, F8, MIX>;
+    } else {
+        static_assert(F8 && !MIX, "prologue_kernel carries the f8 paths and no MIX");
+        return prologue_kernel<DT, VE, UN == LMK_AP_U1 ? kItems<Elem<DT>::size> : kItems<16>, CHUNK>;
     }
-    return lmk_cuda_start(prologue_kernel<DT, VE, U, CHUNK>, p, L.blocks, L.threads, L.smem, st, L.pdl);
 }
 
-/* prologue_decode_kernel (plan_decode_units): 16-byte units without an f8 cache; with one, the f8
- * paths compiled in and units of kDecodeF8Elems (or 16 bytes where a row would then exceed 32
- * items). */
-template <int DT> cudaError_t launch_decode(uint32_t ve, const ApParams &p, const LaunchPlan &L, cudaStream_t st)
+/* prologue_stream_kernel on the blocks that fit the GPU at once, rounded down to a multiple of the
+ * row groups (n_blocks is one), so that each CUDA block keeps its group. */
+cudaError_t start_stream(ApKernel k, const ApParams &p, const LaunchPlan &L, cudaStream_t st)
 {
-    constexpr int V16 = 16 / Elem<DT>::size;
-    const bool f8 = p.cache[0].f8 || p.cache[1].f8;
-    void (*k)(ApParams) = L.mix ? (!f8 ? prologue_decode_kernel<DT, V16, false, true>
-                                   : ve == V16 ? prologue_decode_kernel<DT, V16, true, true>
-                                               : prologue_decode_kernel<DT, kDecodeF8Elems, true, true>)
-                                : (!f8 ? prologue_decode_kernel<DT, V16, false, false>
-                                   : ve == V16 ? prologue_decode_kernel<DT, V16, true, false>
-                                               : prologue_decode_kernel<DT, kDecodeF8Elems, true, false>);
+    int per_sm = 0;
+    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, (int)L.threads.x, L.smem);
+    if (e != cudaSuccess)
+        return e;
+    uint64_t n = (uint64_t)(per_sm > 0 ? per_sm : 1) * (uint64_t)(L.sm_count > 0 ? L.sm_count : 1);
+    n = n < p.pl.n_blocks ? n : p.pl.n_blocks;
+    n = n < p.pl.groups ? p.pl.groups : n - n % p.pl.groups;
+    return lmk_cuda_start(k, p, dim3((unsigned)n, 1, 1), L.threads, L.smem, st, L.pdl);
+}
+
+template <int DT, lmk_ap_kernel K, lmk_ap_units UN, bool F8, bool MIX, bool CHUNK>
+cudaError_t launch_row(const ApParams &p, const LaunchPlan &L, cudaStream_t st)
+{
+    const ApKernel k = kernel_of<DT, K, UN, F8, MIX, CHUNK>();
+    if constexpr (K == LMK_AP_K_STREAM)
+        return start_stream(k, p, L, st);
     return lmk_cuda_start(k, p, L.blocks, L.threads, L.smem, st, L.pdl);
 }
 
-/* The instantiations of prologue_kernel and prologue_stream_kernel: 16-byte units (U = 2) and
- * one-element units of any alignment (U = 4), each with and without chunks. Units of 8 or 4 bytes
- * are not instantiated there: a shape that is not 16-byte aligned takes one-element units
- * (plan_units). */
-template <int DT>
-cudaError_t launch_ve(uint32_t ve, bool chunk, const ApParams &p, const LaunchPlan &L, cudaStream_t st)
+/* The launch of row L.variant: a switch over the table. */
+template <int DT> cudaError_t launch_variant(const ApParams &p, const LaunchPlan &L, cudaStream_t st)
 {
-    constexpr int V16 = 16 / Elem<DT>::size;
-    if (L.decode)
-        return launch_decode<DT>(ve, p, L, st);
-    if (ve == 1)
-        return chunk ? launch<DT, 1, kItems<Elem<DT>::size>, true>(p, L, st)
-                     : launch<DT, 1, kItems<Elem<DT>::size>, false>(p, L, st);
-    return chunk ? launch<DT, V16, kItems<16>, true>(p, L, st) : launch<DT, V16, kItems<16>, false>(p, L, st);
+    switch (L.variant) {
+#define AP_LAUNCH(id, name, kernel, units, f8, mix, chunk, reason, bench)                                             \
+    case id:                                                                                                           \
+        return launch_row<DT, kernel, units, f8, mix, chunk>(p, L, st);
+        LMK_AP_VARIANTS(AP_LAUNCH)
+#undef AP_LAUNCH
+    case LMK_AP_N_VARIANTS:
+        break;
+    }
+    return cudaErrorInvalidValue; /* plan_variant returns rows of the table only */
 }
 
-cudaError_t launch_dtype(lmk_dtype dt, uint32_t ve, bool chunk, const ApParams &p, const LaunchPlan &L, cudaStream_t st)
+cudaError_t launch_dtype(lmk_dtype dt, const ApParams &p, const LaunchPlan &L, cudaStream_t st)
 {
     switch (dt) {
     case LMK_F32:
-        return launch_ve<LMK_F32>(ve, chunk, p, L, st);
+        return launch_variant<LMK_F32>(p, L, st);
     case LMK_BF16:
-        return launch_ve<LMK_BF16>(ve, chunk, p, L, st);
+        return launch_variant<LMK_BF16>(p, L, st);
     default:
-        return launch_ve<LMK_F16>(ve, chunk, p, L, st);
+        return launch_variant<LMK_F16>(p, L, st);
     }
 }
 
-/* Each instantiation is loaded (lmk_cuda_preload); the CHUNK ones (the only ones whose shared memory
- * can pass 48 KB: head_dim 4096 with a full rope, both norms and slots needs 48 KB + 8 bytes) may
- * use up to kChunkSmem, set here once per device rather than in an op call. */
+/* Every row of the table is loaded (lmk_cuda_preload); the CHUNK ones (the only ones whose shared
+ * memory can pass 48 KB: head_dim 4096 with a full rope, both norms and slots needs 48 KB + 8
+ * bytes) may use up to kChunkSmem, set here once per device rather than in an op call. With f32
+ * the U4 rows are the U16 rows' kernels, loaded twice (harmless). */
 template <int DT> void preload_dtype(cudaError_t *first)
 {
-    constexpr int V16 = 16 / Elem<DT>::size, U1 = kItems<Elem<DT>::size>;
-    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, false, false>, 0, first);
-    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, true, false>, 0, first);
-    lmk_cuda_preload(prologue_stream_kernel<DT, V16, kItems<16>, false, true>, 0, first);
-    lmk_cuda_preload(prologue_decode_kernel<DT, V16, false, false>, 0, first);
-    lmk_cuda_preload(prologue_decode_kernel<DT, V16, true, false>, 0, first);
-    lmk_cuda_preload(prologue_decode_kernel<DT, V16, false, true>, 0, first);
-    lmk_cuda_preload(prologue_decode_kernel<DT, V16, true, true>, 0, first);
-    if constexpr (V16 != kDecodeF8Elems) {
-        lmk_cuda_preload(prologue_decode_kernel<DT, kDecodeF8Elems, true, false>, 0, first);
-        lmk_cuda_preload(prologue_decode_kernel<DT, kDecodeF8Elems, true, true>, 0, first);
-    }
-    lmk_cuda_preload(prologue_kernel<DT, V16, kItems<16>, false>, 0, first);
-    lmk_cuda_preload(prologue_kernel<DT, V16, kItems<16>, true>, kChunkSmem, first);
-    lmk_cuda_preload(prologue_kernel<DT, 1, U1, false>, 0, first);
-    lmk_cuda_preload(prologue_kernel<DT, 1, U1, true>, kChunkSmem, first);
+#define AP_PRELOAD(id, name, kernel, units, f8, mix, chunk, reason, bench)                                            \
+    lmk_cuda_preload(kernel_of<DT, kernel, units, f8, mix, chunk>(), chunk ? kChunkSmem : 0, first);
+    LMK_AP_VARIANTS(AP_PRELOAD)
+#undef AP_PRELOAD
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1734,7 +1750,7 @@ void plan_kinds(const lmk_attn_prologue_args *a, uint32_t ve, ApParams *p)
 {
     const lmk_rope_args *r = &a->rope;
     const uint32_t D = r->head_dim, R = r->rope_dim, half = R / 2, s = r->pair_stride;
-    Kind &g = p->kind[0];
+    Kind &g = p->kind[QK_ITEMS];
     p->il = r->interleaved && ve >= 2;
     if (r->interleaved) {
         g.npu = p->il ? R / ve : half;
@@ -1749,7 +1765,7 @@ void plan_kinds(const lmk_attn_prologue_args *a, uint32_t ve, ApParams *p)
         g.nc = g.nc1 + (D - s - half) / ve;
     }
     g.nch = (g.nc + 1) / 2, g.items = g.npu + g.nch;
-    Kind &v = p->kind[1];
+    Kind &v = p->kind[V_ITEMS];
     v = Kind{};
     if (a->v_cache.data) {
         v.nc = a->v_dim / ve, v.nc1 = v.nc, v.nch = (v.nc + 1) / 2, v.items = v.nch;
@@ -1765,7 +1781,7 @@ void plan_kinds(const lmk_attn_prologue_args *a, uint32_t ve, ApParams *p)
  * is the slower form. */
 uint32_t max_items(const ApParams *p)
 {
-    return p->kind[0].items > p->kind[1].items ? p->kind[0].items : p->kind[1].items;
+    return p->kind[QK_ITEMS].items > p->kind[V_ITEMS].items ? p->kind[QK_ITEMS].items : p->kind[V_ITEMS].items;
 }
 
 void set_lanes(ApParams *p, uint32_t L, uint32_t u)
@@ -1774,18 +1790,20 @@ void set_lanes(ApParams *p, uint32_t L, uint32_t u)
     while ((1u << lg) < L)
         lg++;
     p->pl.l_log2 = lg;
-    for (int i = 0; i < 2; i++)
-        p->kind[i].chunks = (uint32_t)ceil_div(p->kind[i].items, L * u);
+    for (Kind &g : p->kind)
+        g.chunks = (uint32_t)ceil_div(g.items, L * u);
 }
 
-void plan_team(ApParams *p, uint32_t u, uint64_t seq, int sm_count, bool two_byte, bool units16, bool *chunk,
-               bool *decode)
+/* decode_ok: the decode kernel may run the call (false where a forced row names another kernel: the
+ * call is then planned as it was before that kernel existed, prologue_kernel's small-call form). */
+void plan_team(ApParams *p, uint32_t u, uint64_t seq, int sm_count, bool two_byte, bool units16, bool decode_ok,
+               bool *chunk, bool *decode)
 {
     const uint32_t items = max_items(p);
     uint32_t L = pow2_ceil(ceil_div(items, u));
     const uint64_t sms = (uint64_t)(sm_count > 0 ? sm_count : 1);
     const bool small = items <= 32 && seq * p->rows * L <= 2 * sms * kThreads;
-    *decode = small && units16;
+    *decode = small && units16 && decode_ok;
     if (small && (two_byte || *decode))
         L = pow2_ceil(items);
     L = L > 32 ? 32 : L;
@@ -1797,10 +1815,11 @@ void plan_team(ApParams *p, uint32_t u, uint64_t seq, int sm_count, bool two_byt
  * elements (kDecodeF8Elems codes a cache store), or as near as a row stays within 32 items: each
  * lane then holds fewer elements and a row more lanes, which shortens the chain of an f8 row's
  * scale and code conversion. Without an f8 cache narrower units are the slower form, so those calls
- * keep 16-byte units (docs/decisions.md). Returns the unit width (elements). */
-uint32_t plan_decode_units(const lmk_attn_prologue_args *a, uint32_t ve, ApParams *p)
+ * keep 16-byte units (docs/decisions.md). narrow_ok false (a forced 16-byte row) keeps them too.
+ * Returns the unit width (elements). */
+uint32_t plan_decode_units(const lmk_attn_prologue_args *a, uint32_t ve, bool narrow_ok, ApParams *p)
 {
-    const uint32_t target = p->cache[0].f8 || p->cache[1].f8 ? kDecodeF8Elems : ve;
+    const uint32_t target = (p->cache[K_CACHE].f8 || p->cache[V_CACHE].f8) && narrow_ok ? kDecodeF8Elems : ve;
     uint32_t best = ve;
     for (uint32_t v = ve / 2; v >= target; v /= 2) {
         plan_kinds(a, v, p);
@@ -1895,8 +1914,8 @@ void plan_operands(const lmk_attn_prologue_args *a, ApParams *p)
     p->k_in = tensor_of(k->in, k->in_tok, k->in_head, es);
     p->k_out = tensor_of(k->out, k->out_tok, k->out_head, es);
     p->v_in = tensor_of(a->v_in.data, a->v_in.tok, a->v_in.head, es);
-    p->cache[0] = cache_of(a->k_cache, a->k_slots, a->k_inv_scale);
-    p->cache[1] = cache_of(a->v_cache, a->v_slots, a->v_inv_scale);
+    p->cache[K_CACHE] = cache_of(a->k_cache, a->k_slots, a->k_inv_scale);
+    p->cache[V_CACHE] = cache_of(a->v_cache, a->v_slots, a->v_inv_scale);
     p->q_w = a->q_norm_w, p->k_w = a->k_norm_w;
     p->q_w_dt = (int)a->q_norm_dtype, p->k_w_dt = (int)a->k_norm_dtype;
     p->w_off = (float)a->weight_offset, p->eps = (float)a->eps, p->inv_d = 1.0f / (float)r->head_dim;
@@ -1931,11 +1950,66 @@ void plan_weight_units(ApParams *p)
     pl.wq_u = u[0], pl.wk_u = u[1];
 }
 
+/* The table's rows (variants.h), for the planner. */
+struct VariantRow {
+    lmk_ap_kernel kernel;
+    lmk_ap_units units;
+    bool f8, mix, chunk;
+    const char *name;
+};
+constexpr VariantRow kRows[] = {
+#define AP_ROW(id, name, kernel, units, f8, mix, chunk, reason, bench) {kernel, units, f8, mix, chunk, name},
+    LMK_AP_VARIANTS(AP_ROW)
+#undef AP_ROW
+};
+static_assert(sizeof kRows / sizeof kRows[0] == LMK_AP_N_VARIANTS, "one row per id");
+constexpr const char *kKernelNames[] = {"prologue_stream_kernel", "prologue_decode_kernel", "prologue_kernel"};
+
+/* The row the bench forces every call onto (lmk_cuda_attn_prologue_force), or -1. */
+std::atomic<int> g_forced{-1};
+
+/* Prefill with 16-byte units: prologue_stream_kernel where its shared memory fits 48 KB: two (cos,
+ * sin) tables of cs_bytes, the weights, two slot tables, two staging areas of 2 * U 16-byte units a
+ * thread, 16 bytes a thread for its staged position and slot, its StreamRec and the PairTab. Past
+ * 48 KB (head_dim near 1024 with a full rope) the blocks stay prologue_kernel's (allowing them 64
+ * KB bought nothing). Where every row is 256 bytes or more (each is read whole), the staging copies
+ * fill L2 256 bytes at a time (fewer, larger fills for the same bytes; a 256-byte fill around a
+ * shorter row would also fetch bytes nobody reads). */
+void plan_stream(ApParams *p, uint64_t cs_bytes, uint64_t w_bytes, uint64_t tile, LaunchPlan *L)
+{
+    Plan &pl = p->pl;
+    const uint64_t slot_bytes = p->slots ? ceil_div(tile * sizeof(int64_t), 16) * 16 : 0;
+    const uint64_t stage_bytes = 2ull * kItems<16> * L->threads.x * 16;
+    const uint64_t rec_bytes = sizeof(StreamRec) * L->threads.x;
+    const uint64_t pair_bytes = sizeof(PairTab) * (p->half < kTabPairs ? p->half : kTabPairs);
+    const uint64_t total = 2 * cs_bytes + w_bytes + 2 * slot_bytes + 2 * stage_bytes + 16ull * L->threads.x +
+                           rec_bytes + pair_bytes;
+    if (total > 48 * 1024)
+        return;
+    L->stream = true;
+    pl.cs2_at = (uint32_t)(cs_bytes / sizeof(float2));
+    pl.w_at = (uint32_t)(2 * cs_bytes / sizeof(float));
+    pl.slot_at = (uint32_t)(2 * cs_bytes + w_bytes);
+    pl.slot2_at = (uint32_t)(pl.slot_at + slot_bytes);
+    pl.stage_at = (uint32_t)(pl.slot2_at + slot_bytes);
+    pl.words_at = (uint32_t)(pl.stage_at + 2 * stage_bytes);
+    pl.rec_at = (uint32_t)(pl.words_at + 16ull * L->threads.x);
+    pl.pairs_at = (uint32_t)(pl.rec_at + rec_bytes);
+    pl.n_tiles = ceil_div(pl.seq, tile);
+    const Kind &g = p->kind[QK_ITEMS];
+    const uint64_t qk_b = ((p->il ? 1ull : 2ull) * g.npu + g.nc) * 16;
+    const uint64_t v_b = (uint64_t)p->kind[V_ITEMS].nc * 16;
+    pl.fetch256 = l2_fill_bytes(qk_b) == 256 && (v_b == 0 || l2_fill_bytes(v_b) == 256);
+    L->smem = (size_t)total;
+}
+
 /* The launch: one row per team; 256-thread blocks, or 128 when the rows fill at most 2 blocks of
  * 256 per SM (decode: more, smaller blocks spread a call over more SMs). A block takes a tile of
  * whole tokens (one angle per thread at most) or, when a token has more rows than a block has
- * teams, a group of a token's rows. Every block has at least one row; tasks per block <= 256. */
-void plan_launch(ApParams *p, int sm_count, bool units16, LaunchPlan *L)
+ * teams, a group of a token's rows. Every block has at least one row; tasks per block <= 256. A
+ * forced row (plan_call) decides whether the stream kernel may run the call and whether rows with
+ * pair and copy items take MIX, in place of the measured rule below. */
+void plan_launch(ApParams *p, int sm_count, bool units16, const VariantRow *forced, LaunchPlan *L)
 {
     Plan &pl = p->pl;
     const uint64_t lanes = 1u << pl.l_log2, seq = pl.seq, rows = p->rows;
@@ -1970,52 +2044,47 @@ void plan_launch(ApParams *p, int sm_count, bool units16, LaunchPlan *L)
     pl.slot_at = (uint32_t)(cs_bytes + w_bytes);
     L->smem = (size_t)(cs_bytes + w_bytes + (p->slots ? tile * sizeof(int64_t) : 0));
     L->stream = false;
-    L->f8 = p->cache[0].f8 || p->cache[1].f8;
+    L->f8 = p->cache[K_CACHE].f8 || p->cache[V_CACHE].f8;
     L->sm_count = sm_count;
-    /* Prefill with 16-byte units: prologue_stream_kernel, its shared memory two (cos, sin) tables,
-     * the weights, two slot tables, two staging areas of 2 * U 16-byte units a thread, 16 bytes
-     * a thread for its staged position and slot, its StreamRec and the PairTab. Past 48 KB
-     * (head_dim near 1024 with a full rope) the blocks stay prologue_kernel's (allowing them 64
-     * KB bought nothing). Where every row is 256 bytes or more (each is read whole), the staging copies fill
-     * L2 256 bytes at a time (fewer, larger fills for the same bytes; a 256-byte fill around a
-     * shorter row would also fetch bytes nobody reads). */
-    if (!spread && units16) { /* (spread whenever L->decode) */
-        const uint64_t slot_bytes = p->slots ? ceil_div(tile * sizeof(int64_t), 16) * 16 : 0;
-        const uint64_t stage_bytes = 2ull * kItems<16> * L->threads.x * 16;
-        const uint64_t rec_bytes = sizeof(StreamRec) * L->threads.x;
-        const uint64_t pair_bytes = sizeof(PairTab) * (p->half < kTabPairs ? p->half : kTabPairs);
-        const uint64_t total = 2 * cs_bytes + w_bytes + 2 * slot_bytes + 2 * stage_bytes + 16ull * L->threads.x +
-                               rec_bytes + pair_bytes;
-        if (total <= 48 * 1024) {
-            L->stream = true;
-            pl.cs2_at = (uint32_t)(cs_bytes / sizeof(float2));
-            pl.w_at = (uint32_t)(2 * cs_bytes / sizeof(float));
-            pl.slot_at = (uint32_t)(2 * cs_bytes + w_bytes);
-            pl.slot2_at = (uint32_t)(pl.slot_at + slot_bytes);
-            pl.stage_at = (uint32_t)(pl.slot2_at + slot_bytes);
-            pl.words_at = (uint32_t)(pl.stage_at + 2 * stage_bytes);
-            pl.rec_at = (uint32_t)(pl.words_at + 16ull * L->threads.x);
-            pl.pairs_at = (uint32_t)(pl.rec_at + rec_bytes);
-            pl.n_tiles = ceil_div(seq, tile);
-            const uint64_t qk_b = ((p->il ? 1ull : 2ull) * p->kind[0].npu + p->kind[0].nc) * 16;
-            const uint64_t v_b = (uint64_t)p->kind[1].nc * 16;
-            pl.fetch256 = l2_fill_bytes(qk_b) == 256 && (v_b == 0 || l2_fill_bytes(v_b) == 256);
-            L->smem = (size_t)total;
-        }
-    }
+    if (!spread && units16 && (!forced || forced->kernel == LMK_AP_K_STREAM)) /* (spread whenever L->decode) */
+        plan_stream(p, cs_bytes, w_bytes, tile, L);
     /* Rows with pair and copy items (a partial half-split rope: Qwen3.5) take the MIX instantiation
      * where it measures faster than the kernels without it (docs/decisions.md): decode with an f8
      * cache, decode without one when the call is at most a block per SM (beyond, it is slower),
      * and prompts without an f8 cache. With an f8 cache the prompt kernel's MIX instance spills,
      * so it is not built. tests/test_cuda_routing.c holds the line on the model shapes. */
-    const bool mixed_rows = !p->il && p->kind[0].npu && p->kind[0].nc;
-    L->mix = mixed_rows && (L->decode ? L->f8 || pl.n_blocks <= sms : L->stream && !L->f8);
+    const bool mixed_rows = !p->il && p->kind[QK_ITEMS].npu && p->kind[QK_ITEMS].nc;
+    const bool measured = L->decode ? L->f8 || pl.n_blocks <= sms : L->stream && !L->f8;
+    L->mix = mixed_rows && (forced ? forced->mix : measured);
 }
 
-/* The whole plan of a call: parameters, unit width, CHUNK, the launch. Both lmk_cuda_attn_prologue
- * and lmk_cuda_attn_prologue_route plan through here. */
+/* The row of the plan: its kernel, its unit width ve (elements; es bytes each), chunk, and the
+ * instantiation's switches. The f8 paths go in where the call has an f8 cache (prologue_kernel
+ * always has them) or where a forced row has them (they run a call without one correctly). Returns
+ * the row, or LMK_AP_N_VARIANTS where a forced row differs from the plan it led to (the call cannot
+ * run it). */
+lmk_ap_variant plan_variant(const LaunchPlan &L, uint32_t ve, uint32_t es, bool chunk, const VariantRow *forced)
+{
+    VariantRow v{};
+    v.kernel = L.decode ? LMK_AP_K_DECODE : L.stream ? LMK_AP_K_STREAM : LMK_AP_K_BLOCK;
+    v.units = ve == 1 ? LMK_AP_U1 : ve * es == 16 ? LMK_AP_U16 : LMK_AP_U4;
+    v.f8 = v.kernel == LMK_AP_K_BLOCK || L.f8 || (forced && forced->f8);
+    v.mix = v.kernel != LMK_AP_K_BLOCK && L.mix;
+    v.chunk = chunk;
+    for (int i = 0; i < LMK_AP_N_VARIANTS; i++) {
+        const VariantRow &r = kRows[i];
+        if (r.kernel == v.kernel && r.units == v.units && r.f8 == v.f8 && r.mix == v.mix && r.chunk == v.chunk)
+            return !forced || forced == &r ? (lmk_ap_variant)i : LMK_AP_N_VARIANTS;
+    }
+    return LMK_AP_N_VARIANTS;
+}
+
+/* The whole plan of a call: parameters, unit width, CHUNK, the launch and its row of the table
+ * (L->variant). Both lmk_cuda_attn_prologue and lmk_cuda_attn_prologue_route plan through here. A
+ * forced row steers the choices it names (the kernel, 16-byte or 4-element decode units, MIX) and
+ * must then be the plan's row. */
 lmk_status plan_call(const lmk_attn_prologue_args *a, const lmk_cuda_device *d, ApParams *p, LaunchPlan *L,
-                     uint32_t *ve_out, bool *chunk)
+                     uint32_t *ve_out)
 {
     static const char op[] = "attn_prologue";
     const lmk_rope_args *r = &a->rope;
@@ -2026,20 +2095,27 @@ lmk_status plan_call(const lmk_attn_prologue_args *a, const lmk_cuda_device *d, 
     if (rows > 0x7fffffffu) /* rows of a token are 32-bit in the kernel; validation bounds heads by memory */
         return lmk_fail(LMK_ERR_UNSUPPORTED, "%s: %llu heads per token (q, k and v) exceed the CUDA kernel's limit of "
                         "2^31 - 1", op, (unsigned long long)rows);
+    const int forced_id = g_forced.load(std::memory_order_relaxed);
+    const VariantRow *forced = forced_id >= 0 ? &kRows[forced_id] : nullptr;
     plan_operands(a, p);
     uint32_t ve = plan_units(a);
+    bool chunk = false;
     plan_kinds(a, ve, p);
     plan_team(p, ve == 1 ? (r->dtype == LMK_F32 ? kItems<4> : kItems<2>) : kItems<16>, r->seq_len, d->sm_count,
-              r->dtype != LMK_F32, ve > 1, chunk, &L->decode);
+              r->dtype != LMK_F32, ve > 1, !forced || forced->kernel == LMK_AP_K_DECODE, &chunk, &L->decode);
     if (L->decode)
-        ve = plan_decode_units(a, ve, p);
+        ve = plan_decode_units(a, ve, !forced || forced->units == LMK_AP_U4, p);
     plan_angles(&r->angle, &p->a);
     p->pl.seq = r->seq_len;
-    plan_launch(p, d->sm_count, ve > 1 && !*chunk, L);
+    plan_launch(p, d->sm_count, ve > 1 && !chunk, forced, L);
     L->pdl = d->pdl;
-    if (L->smem > (*chunk ? kChunkSmem : 48 * 1024)) /* cannot happen for head_dim, Dv <= 4096 */
+    if (L->smem > (chunk ? kChunkSmem : 48 * 1024)) /* cannot happen for head_dim, Dv <= 4096 */
         return lmk_fail(LMK_ERR_UNSUPPORTED, "%s: %zu bytes of shared memory exceed the CUDA kernel's limit", op,
                         L->smem);
+    L->variant = plan_variant(*L, ve, r->dtype == LMK_F32 ? 4 : 2, chunk, forced);
+    if (L->variant == LMK_AP_N_VARIANTS)
+        return lmk_fail(LMK_ERR_UNSUPPORTED, "%s: the forced variant %s cannot run this call", op,
+                        forced ? forced->name : "(none)");
     *ve_out = ve;
     return LMK_OK;
 }
@@ -2056,10 +2132,9 @@ lmk_status lmk_cuda_attn_prologue(lmk_stream *s, const void *args)
     ApParams p{};
     LaunchPlan L;
     uint32_t ve = 0;
-    bool chunk = false;
-    if ((st = plan_call(a, d, &p, &L, &ve, &chunk)) != LMK_OK)
+    if ((st = plan_call(a, d, &p, &L, &ve)) != LMK_OK)
         return st;
-    const cudaError_t e = launch_dtype(a->rope.dtype, ve, chunk, p, L, lmk_cuda_stream_of(s));
+    const cudaError_t e = launch_dtype(a->rope.dtype, p, L, lmk_cuda_stream_of(s));
     return e == cudaSuccess ? LMK_OK
                             : lmk_cuda_fail(e, L.stream ? "attn_prologue: kernel launch (or its occupancy query)"
                                                         : "attn_prologue: kernel launch");
@@ -2071,20 +2146,27 @@ extern "C" lmk_status lmk_cuda_attn_prologue_route(const lmk_cuda_device *d, con
     ApParams p{};
     LaunchPlan L;
     uint32_t ve = 0;
-    bool chunk = false;
-    const lmk_status st = plan_call(a, d, &p, &L, &ve, &chunk);
+    const lmk_status st = plan_call(a, d, &p, &L, &ve);
     if (st != LMK_OK)
         return st;
+    const VariantRow &row = kRows[L.variant];
     *r = lmk_cuda_route{};
-    r->kernel = L.decode ? "prologue_decode_kernel" : L.stream ? "prologue_stream_kernel" : "prologue_kernel";
-    const uint32_t es = a->rope.dtype == LMK_F32 ? 4 : 2;
-    r->unit_bytes = ve * es;
-    r->mix = L.mix;
-    r->ahead = L.stream; /* the stream kernel forms its tables one block ahead */
-    r->chunk = chunk;
+    r->variant = L.variant;
+    r->variant_name = row.name;
+    r->kernel = kKernelNames[row.kernel];
+    r->unit_bytes = ve * (a->rope.dtype == LMK_F32 ? 4 : 2);
     r->blocks = L.blocks.x * L.blocks.y * L.blocks.z;
     r->threads = L.threads.x;
     r->smem = L.smem;
+    return LMK_OK;
+}
+
+extern "C" lmk_status lmk_cuda_attn_prologue_force(int variant)
+{
+    if (variant < -1 || variant >= LMK_AP_N_VARIANTS)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "attn_prologue: variant (%d) must be -1 or a row of the variants "
+                        "table, < %d", variant, (int)LMK_AP_N_VARIANTS);
+    g_forced.store(variant, std::memory_order_relaxed);
     return LMK_OK;
 }
 

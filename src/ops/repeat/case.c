@@ -9,6 +9,7 @@
  * 2^32 elements). A copy is compared bit for bit with lmk_ref_repeat, in chunks of tokens, so a
  * case larger than memory twice over still compares every element.
  */
+#include "ops/repeat/case.h"
 #include "testkit_ref.h"
 
 #include <stdio.h>
@@ -360,3 +361,27 @@ const tst_op tst_op_repeat = {
     .invalid = repeat_invalid,
     .launches = 1,
 };
+
+/* ---- what the repeat tests share (case.h) ---- */
+
+/* Gated DeltaNet layers broadcast q and k from Hg = 16 key heads of K = 128 to H value heads. */
+const tst_gqa_shape tst_gqa_shapes[] = {
+    {"qwen3.5-4B/9B/35B-A3B, qwen3.6-35B-A3B, qwen3-next-80B GDN", 16, 32, 128},
+    {"qwen3.5/3.6-27B GDN", 16, 48, 128},
+    {"qwen3.5-122B/397B GDN", 16, 64, 128},
+};
+const int tst_gqa_shape_count = (int)(sizeof tst_gqa_shapes / sizeof tst_gqa_shapes[0]);
+
+char *tst_repeat_name(char *buf, size_t n, const lmk_repeat_tiled_params *p, lmk_dtype dtype, const char *comment)
+{
+    snprintf(buf, n, "repeat_tiled T=%u hg=%u h=%u k=%u %s%s%s", p->seq, p->hg, p->h, p->k, lmk_dtype_name(dtype),
+             comment && *comment ? " // " : "", comment ? comment : "");
+    return buf;
+}
+
+lmk_repeat_args tst_repeat_host_args(const void *src, void *dst, size_t seq, size_t hg, size_t h, size_t k, size_t es)
+{
+    return (lmk_repeat_args){.src = src, .dst = dst, .seq = seq, .hg = hg, .h = h, .k = k, .elem_size = es,
+                             .src_tok = hg * k, .src_head = k, .dst_tok = h * k, .dst_head = k,
+                             .layout = LMK_REPEAT_TILED};
+}

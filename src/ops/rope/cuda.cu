@@ -77,9 +77,11 @@
  * its tensor maps; no allocation, no copy, no sync): a call can be captured into a CUDA graph.
  * for_each_launch plans in named steps: plan_units (VE and layout), plan_geometry (rows, strides,
  * untouched ranges), then per slice of pairs plan_slice, plan_angles (the angle constants), and
- * plan_decode, plan_bulk, plan_rows or plan_pairs (the launch shape). lmk_cuda_rope launches its
- * plans; lmk_cuda_rope_route (cuda_route.h) reports them, and tests/test_cuda_routing.c checks
- * the kernel each model shape takes.
+ * plan_decode, plan_bulk, plan_rows or plan_pairs (the launch shape and its row of variants.h's
+ * table: the kernel, and the decode kernel's copy items or the bulk kernel's tensor maps).
+ * lmk_cuda_rope launches its plans through a switch over the table; lmk_cuda_rope_route (route.h)
+ * reports them, and tests/test_cuda_routing.c checks the row each model shape takes. The bench
+ * forces a row (lmk_cuda_rope_force) to time it against the planner's choice.
  *
  * Precision (lmk.h: f32 within 1e-5 * max(1, m) of float64 for |x| <= 2 and |angle| <= 2^20): the
  * angle is pos * freq in float64 and reduced by k*pi/2 in float64 (exact to ~1e-16 for |theta| <=
@@ -88,15 +90,18 @@
  * results within one ulp. A non-finite angle (a freq_factor of 0 or inf) gives NaN, as cos(inf).
  */
 #include "cuda/cuda_internal.h"
-#include "cuda/cuda_route.h"
 #include "cuda/kernel_common.cuh"
 #include "ops/rope/rope.h"
 #include "ops/rope/rope_common.h"
+#include "ops/rope/route.h"
+#include "ops/rope/variants.h"
 
+#include <atomic>
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <math.h>
 #include <stdint.h>
+#include <type_traits>
 
 namespace {
 
@@ -212,16 +217,25 @@ struct PairsPlan {
     uint32_t groups, rows_per_group;
 };
 
+/* How the bulk kernel moves one tensor's rows of a tile in one direction (BulkPlan.ld_mode,
+ * st_mode; bulk_mode, plan_bulk). */
+enum BulkMode : uint32_t {
+    BULK_ROW,    /* a bulk copy per row */
+    BULK_TOKEN,  /* a bulk copy per token: the heads are adjacent */
+    BULK_TILE,   /* one bulk copy for the tile: heads and tokens adjacent */
+    BULK_TENSOR, /* one bulk tensor copy for the tile through a tensor map: heads not adjacent */
+};
+
 /* The plan of rope_bulk_kernel (plan_bulk). A tile is `tile` tokens; block b takes tiles b, b +
  * grid, ... through a ring of `stages` stages in shared memory. A stage holds the tile's rows of
  * each tensor, [token][head][span_b[j]] from byte region_b[j]: the whole row of a tensor that is
  * out of place (its untouched elements travel with the row, bit-exact), only the rotated span of
  * one in place (its first rope_dim elements; plan_bulk admits only layouts where those are all the
- * rotated ones). Each bulk copy moves one row, one token's rows (`mode` 1: the heads are adjacent)
- * or the whole tile's (2: tokens adjacent too), per tensor and direction (ld_mode, st_mode); mode
- * 3 moves the tile's rows of a tensor whose heads are not adjacent (q inside q|gate or a packed
- * QKV, a rotated span in place) in one bulk tensor copy, through the tensor map
- * BulkParams.tm[2 * j + out]. Shared memory: a barrier per stage for its rows and one for its
+ * rotated ones). Each bulk copy moves one row (BULK_ROW), one token's rows (BULK_TOKEN: the heads
+ * are adjacent) or the whole tile's (BULK_TILE: tokens adjacent too), per tensor and direction
+ * (ld_mode, st_mode); BULK_TENSOR moves the tile's rows of a tensor whose heads are not adjacent
+ * (q inside q|gate or a packed QKV, a rotated span in place) in one bulk tensor copy, through the
+ * tensor map BulkParams.tm[2 * j + out]. Shared memory: a barrier per stage for its rows and one for its
  * positions (kBulkMaxStages of each), two (cos, sin) tables of tile * half from cs0, then per
  * stage its rows (stage_b bytes from stage0, each tensor's from a 128-byte boundary) and the
  * positions of its angles (8 bytes each from pos0). */
@@ -229,9 +243,9 @@ struct BulkPlan {
     uint64_t seq, tiles;
     uint32_t tile, stages, n_pos;    /* n_pos: threads with an angle (they arrive on every stage) */
     uint32_t span_b[2], region_b[2], tok_b; /* tok_b: one token's bytes in a stage, both tensors */
-    uint32_t box_tok_b;              /* of tok_b, the bytes loaded in mode 3: a tensor copy fills its
+    uint32_t box_tok_b;              /* of tok_b, the bytes BULK_TENSOR loads: a tensor copy fills its
                                         whole box, the tokens past the tensor's end with zeros */
-    uint32_t ld_mode[2], st_mode[2];
+    BulkMode ld_mode[2], st_mode[2];
     uint32_t cs0, stage0, stage_b, pos0;
 };
 
@@ -243,8 +257,8 @@ struct RopeParams {
     PairsPlan pp;
     BulkPlan bp;
 };
-/* RopeParams and the tensor maps of BulkPlan's mode 3 (plan_tensor_map): the parameters of
- * rope_bulk_kernel's instance for plans with mode 3. Every other launch goes without them: the
+/* RopeParams and the tensor maps of BulkPlan's BULK_TENSOR sides (plan_tensor_map): the parameters
+ * of rope_bulk_kernel's instance for plans with such a side. Every other launch goes without them: the
  * parameters' size costs every launch time in a graph. */
 struct BulkParams {
     CUtensorMap tm[4];
@@ -255,16 +269,16 @@ static_assert(sizeof(BulkParams) <= 4000, "kernel parameters must stay under the
 template <typename P> constexpr bool kMaps = false; /* P holds tensor maps */
 template <> constexpr bool kMaps<BulkParams> = true;
 
-/* Whether a bulk plan moves some side in mode 3 (its launch then takes BulkParams). */
+/* Whether a bulk plan moves some side by BULK_TENSOR (its launch then takes BulkParams). */
 inline bool uses_maps(const BulkPlan &bp)
 {
-    return bp.ld_mode[0] == 3 || bp.st_mode[0] == 3 || bp.ld_mode[1] == 3 || bp.st_mode[1] == 3;
+    return bp.ld_mode[0] == BULK_TENSOR || bp.st_mode[0] == BULK_TENSOR || bp.ld_mode[1] == BULK_TENSOR ||
+           bp.st_mode[1] == BULK_TENSOR;
 }
 
-/* How a launch is shaped. */
-enum KernelKind { K_DECODE, K_ROWS, K_PAIRS, K_BULK };
+/* How a launch is shaped: its row of the variants table (variants.h) and its grid. */
 struct LaunchPlan {
-    KernelKind kind;
+    lmk_rope_variant variant;
     bool pdl;                        /* programmatic stream serialization (lmk_cuda_device.pdl) */
     dim3 blocks, threads;
     size_t smem;
@@ -684,12 +698,13 @@ __global__ void __launch_bounds__(kDecMaxItems) rope_decode_kernel(const __grid_
  * ------------------------------------------------------------------------------------------- */
 
 /* One tensor's side of a tile's copies (j: 0 q, 1 k; out: the stores, else the loads), issued by
- * the 32 lanes of warp 0 round robin; the host makes a mode-3 side's tensor map from the same
+ * the 32 lanes of warp 0 round robin; the host makes a BULK_TENSOR side's tensor map from the same
  * fields (plan_bulk). */
 struct BulkSide {
     unsigned char *base; /* the tensor's input or output */
     uint64_t tok, head;  /* its strides, bytes */
-    uint32_t nh, mode;
+    uint32_t nh;
+    BulkMode mode;
 };
 __host__ __device__ __forceinline__ BulkSide bulk_side(const Geom &g, const BulkPlan &bp, int j, bool out)
 {
@@ -721,22 +736,22 @@ __device__ __forceinline__ const RopeParams &rope_of(const BulkParams &p)
 struct BulkOp {
     uint32_t tl, h, bytes;
 };
-__device__ __forceinline__ uint32_t bulk_ops(uint32_t mode, uint32_t nh, uint32_t tt)
+__device__ __forceinline__ uint32_t bulk_ops(BulkMode mode, uint32_t nh, uint32_t tt)
 {
-    return nh == 0 ? 0 : mode == 2 ? 1 : mode == 1 ? tt : tt * nh;
+    return nh == 0 ? 0 : mode == BULK_TILE ? 1 : mode == BULK_TOKEN ? tt : tt * nh;
 }
-__device__ __forceinline__ BulkOp bulk_op(uint32_t mode, uint32_t k, uint32_t nh, uint32_t span, uint32_t tt)
+__device__ __forceinline__ BulkOp bulk_op(BulkMode mode, uint32_t k, uint32_t nh, uint32_t span, uint32_t tt)
 {
-    if (mode == 2)
+    if (mode == BULK_TILE)
         return BulkOp{0, 0, tt * nh * span};
-    if (mode == 1)
+    if (mode == BULK_TOKEN)
         return BulkOp{k, 0, nh * span};
     const uint32_t tl = k / nh;
     return BulkOp{tl, k - tl * nh, span};
 }
 
 /* Warp 0 fills stage st with the tile of tokens [t0, t0 + tt) (lane 0 first adds the tile's bytes
- * to the phase of bar, then every lane issues its copies; lane j a mode-3 tensor's one), or, with
+ * to the phase of bar, then every lane issues its copies; lane j a BULK_TENSOR tensor's one), or, with
  * out, stores the stage's rows into the outputs in this lane's current bulk group. */
 template <typename P>
 __device__ __forceinline__ void bulk_tile(const P &prm, uint64_t t0, uint32_t tt, unsigned char *st, uint64_t *bar,
@@ -752,7 +767,7 @@ __device__ __forceinline__ void bulk_tile(const P &prm, uint64_t t0, uint32_t tt
     for (int j = 0; j < 2; j++) {
         const BulkSide sd = bulk_side(g, bp, j, out);
         if constexpr (kMaps<P>) {
-            if (sd.mode == 3) {
+            if (sd.mode == BULK_TENSOR) {
                 if (lane == (uint32_t)j && sd.nh) {
                     const CUtensorMap *map = &prm.tm[2 * j + out];
                     if (out)
@@ -827,6 +842,81 @@ __device__ __forceinline__ Raw<16> lds16(const unsigned char *p)
     return r;
 }
 
+
+/* This thread's angle slots (parameters only: formed before the PDL wait): slots k = kBulkThreads -
+ * 1 - tid + m * kBulkThreads of a tile's n_cs (token, pair) angles, each with its factor and its
+ * position's index at the tile's first token. */
+__device__ __forceinline__ BulkAngles bulk_angle_slots(const AnglePlan &a, const Geom &g, uint32_t tid,
+                                                       uint32_t n_cs)
+{
+    BulkAngles ba;
+    ba.n = 0;
+#pragma unroll
+    for (uint32_t m = 0; m < kBulkAngles; m++) {
+        const uint32_t k = kBulkThreads - 1 - tid + m * kBulkThreads;
+        if (k < n_cs) {
+            const uint32_t tl = k / g.half, i = k - tl * g.half;
+            uint32_t j;
+            const uint32_t axis = lmk_rope_axis_at(&a.axes, a.p0 + i, &j);
+            ba.freq[m] = pair_freq(a, a.p0 + i, j);
+            ba.pidx[m] = (uint64_t)axis * a.pos_axis_stride + tl;
+            ba.tl[m] = tl, ba.k[m] = k;
+            ba.n = m + 1;
+        }
+    }
+    return ba;
+}
+
+/* A thread's share of a tile's rotation (parameters only): pair unit x (at byte off of a row) of the
+ * tile's rows y, y + ylanes, ..., walked as (token, row) counters from (tl0, r0) that advance by
+ * (dq, dr) a step. */
+struct BulkRot {
+    uint32_t x, y, ylanes, off, r0, tl0, dq, dr;
+};
+__device__ __forceinline__ BulkRot bulk_rot(const Geom &g, uint32_t tid)
+{
+    BulkRot w;
+    w.x = tid % g.npu, w.y = tid / g.npu, w.ylanes = kBulkThreads / g.npu;
+    w.r0 = w.y % g.rows, w.tl0 = w.y / g.rows, w.dq = w.ylanes / g.rows, w.dr = w.ylanes - w.dq * g.rows;
+    w.off = w.x * g.ustep_b;
+    return w;
+}
+
+/* Rotates this thread's pair units of the tile of tt tokens in stage st, in place, with the tile's
+ * (cos, sin) table cs. */
+template <int DT, bool IL>
+__device__ __forceinline__ void bulk_rotate(const Geom &g, const BulkPlan &bp, const BulkRot &w, unsigned char *st,
+                                            const float2 *cs, uint32_t tt)
+{
+    constexpr int VE = 16 / Elem<DT>::size;
+    constexpr uint32_t PPU = IL ? VE / 2 : VE;
+    if (w.y >= w.ylanes)
+        return;
+    uint32_t tl = w.tl0, r = w.r0;
+    while (tl < tt) {
+        const uint32_t j = r >= g.nh0, h = r - j * g.nh0, nh = j ? g.rows - g.nh0 : g.nh0;
+        unsigned char *row = st + bp.region_b[j] + (tl * nh + h) * bp.span_b[j] + w.off;
+        Raw<16> ra = lds16(row), rb{};
+        if constexpr (!IL)
+            rb = lds16(row + g.stride_b);
+        rotate_store<DT, VE, IL>(ra, rb, cs + tl * g.half + w.x * PPU, row, g.stride_b);
+        tl += w.dq, r += w.dr;
+        if (r >= g.rows)
+            r -= g.rows, tl++;
+    }
+}
+
+/* Warp 0: waits until the stores of the tile `lag` iterations back have read their stage, which is
+ * refilled next. */
+__device__ __forceinline__ void bulk_wait_stage(uint32_t lag)
+{
+    if (lag == 2)
+        bulk_wait_read<2>();
+    else
+        bulk_wait_read<1>();
+    __syncwarp();
+}
+
 #endif
 
 /* Prefill with 16-byte units on sm_90 and later (plan_bulk): block b takes tiles b, b + grid, ...
@@ -845,8 +935,6 @@ __global__ void __launch_bounds__(kBulkThreads, kBulkCtas) rope_bulk_kernel(cons
 {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
     const RopeParams &p = rope_of(prm);
-    constexpr int VE = 16 / Elem<DT>::size;
-    constexpr uint32_t PPU = IL ? VE / 2 : VE;
     extern __shared__ __align__(128) unsigned char smem[];
     const Geom &g = p.g;
     const BulkPlan &bp = p.bp;
@@ -859,24 +947,8 @@ __global__ void __launch_bounds__(kBulkThreads, kBulkCtas) rope_bulk_kernel(cons
     const uint32_t n_iter = (uint32_t)((bp.tiles - blockIdx.x + step - 1) / step);
 
     /* Everything up to pdl_enter is parameter arithmetic: the angle slots and the rotation's rows. */
-    BulkAngles ba;
-    ba.n = 0;
-#pragma unroll
-    for (uint32_t m = 0; m < kBulkAngles; m++) {
-        const uint32_t k = kBulkThreads - 1 - tid + m * kBulkThreads;
-        if (k < n_cs) {
-            const uint32_t tl = k / g.half, i = k - tl * g.half;
-            uint32_t j;
-            const uint32_t axis = lmk_rope_axis_at(&a.axes, a.p0 + i, &j);
-            ba.freq[m] = pair_freq(a, a.p0 + i, j);
-            ba.pidx[m] = (uint64_t)axis * a.pos_axis_stride + tl;
-            ba.tl[m] = tl, ba.k[m] = k;
-            ba.n = m + 1;
-        }
-    }
-    const uint32_t npu = g.npu, x = tid % npu, y = tid / npu, ylanes = kBulkThreads / npu;
-    const uint32_t r0 = y % g.rows, tl0 = y / g.rows, dq = ylanes / g.rows, dr = ylanes - dq * g.rows;
-    const uint32_t off = x * g.ustep_b;
+    BulkAngles ba = bulk_angle_slots(a, g, tid, n_cs);
+    const BulkRot rot = bulk_rot(g, tid);
     if (tid == 0) {
         for (uint32_t s = 0; s < S; s++)
             mbar_init(bars + s, 1), mbar_init(bars + kBulkMaxStages + s, bp.n_pos);
@@ -915,22 +987,8 @@ __global__ void __launch_bounds__(kBulkThreads, kBulkCtas) rope_bulk_kernel(cons
         const uint64_t t0 = (blockIdx.x + it * step) * bp.tile;
         const uint32_t tt = (uint32_t)min((uint64_t)bp.tile, bp.seq - t0);
         unsigned char *st = smem + bp.stage0 + s * bp.stage_b;
-        const float2 *cs = cs_tab + (it & 1) * n_cs;
         mbar_wait(bars + s, (it / S) & 1);
-        if (y < ylanes) {
-            uint32_t tl = tl0, r = r0;
-            while (tl < tt) {
-                const uint32_t j = r >= g.nh0, h = r - j * g.nh0, nh = j ? g.rows - g.nh0 : g.nh0;
-                unsigned char *row = st + bp.region_b[j] + (tl * nh + h) * bp.span_b[j] + off;
-                Raw<16> ra = lds16(row), rb{};
-                if constexpr (!IL)
-                    rb = lds16(row + g.stride_b);
-                rotate_store<DT, VE, IL>(ra, rb, cs + tl * g.half + x * PPU, row, g.stride_b);
-                tl += dq, r += dr;
-                if (r >= g.rows)
-                    r -= g.rows, tl++;
-            }
-        }
+        bulk_rotate<DT, IL>(g, bp, rot, st, cs_tab + (it & 1) * n_cs, tt);
         if (ba.n && it + 1 < n_iter)
             angles(it + 1);
         fence_async_shared();
@@ -941,13 +999,8 @@ __global__ void __launch_bounds__(kBulkThreads, kBulkCtas) rope_bulk_kernel(cons
         }
         const uint32_t lag = S >= 4 ? 2 : 1;
         if (it >= lag && it - lag + S < n_iter) {
-            if (tid < 32) {
-                if (lag == 2)
-                    bulk_wait_read<2>();
-                else
-                    bulk_wait_read<1>();
-                __syncwarp();
-            }
+            if (tid < 32)
+                bulk_wait_stage(lag);
             fill(it - lag + S);
         }
     }
@@ -957,7 +1010,7 @@ __global__ void __launch_bounds__(kBulkThreads, kBulkCtas) rope_bulk_kernel(cons
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Launch: the instantiation for a dtype, unit width and layout.
+ * Launch: the variants table's rows (variants.h) as kernels, for a dtype, unit width and layout.
  * ------------------------------------------------------------------------------------------- */
 
 template <typename P> cudaError_t start(void (*kernel)(P), const P &p, const LaunchPlan &L, cudaStream_t st)
@@ -965,20 +1018,38 @@ template <typename P> cudaError_t start(void (*kernel)(P), const P &p, const Lau
     return lmk_cuda_start(kernel, p, L.blocks, L.threads, L.smem, st, L.pdl);
 }
 
-template <int DT, int VE, bool IL>
-cudaError_t launch(const BulkParams &P, const LaunchPlan &L, cudaStream_t st)
+/* The launch of one row of the table: its kernel with the row's template arguments and the call's
+ * (DT, VE, IL). The bulk kernel exists for 16-byte units only (plan_bulk asks for no other). */
+template <int DT, int VE, bool IL, lmk_rope_kernel K, bool COPY, bool MAPS>
+cudaError_t launch_row(const BulkParams &P, const LaunchPlan &L, cudaStream_t st)
 {
     const RopeParams &p = P.r;
-    const bool copy = p.g.nc > 0;
-    if (L.kind == K_BULK) {
-        if constexpr (VE * Elem<DT>::size == 16)
-            return uses_maps(p.bp) ? start(rope_bulk_kernel<DT, IL, BulkParams>, P, L, st)
-                                   : start(rope_bulk_kernel<DT, IL, RopeParams>, p, L, st);
-        return cudaErrorInvalidValue; /* plan_bulk takes 16-byte units only */
+    if constexpr (K == LMK_ROPE_K_DECODE)
+        return start(rope_decode_kernel<DT, VE, IL, COPY>, p, L, st);
+    else if constexpr (K == LMK_ROPE_K_ROWS)
+        return start(rope_rows_kernel<DT, VE, IL>, p, L, st);
+    else if constexpr (K == LMK_ROPE_K_PAIRS)
+        return start(rope_pairs_kernel<DT, VE, IL>, p, L, st);
+    else if constexpr (VE * Elem<DT>::size == 16 && MAPS)
+        return start(rope_bulk_kernel<DT, IL, BulkParams>, P, L, st);
+    else if constexpr (VE * Elem<DT>::size == 16)
+        return start(rope_bulk_kernel<DT, IL, RopeParams>, p, L, st);
+    return cudaErrorInvalidValue;
+}
+
+/* The launch of row L.variant: a switch over the table. */
+template <int DT, int VE, bool IL> cudaError_t launch(const BulkParams &P, const LaunchPlan &L, cudaStream_t st)
+{
+    switch (L.variant) {
+#define ROPE_LAUNCH(id, name, kernel, copy, maps, reason, bench)                                                      \
+    case id:                                                                                                           \
+        return launch_row<DT, VE, IL, kernel, copy, maps>(P, L, st);
+        LMK_ROPE_VARIANTS(ROPE_LAUNCH)
+#undef ROPE_LAUNCH
+    case LMK_ROPE_N_VARIANTS:
+        break;
     }
-    if (L.kind == K_DECODE)
-        return start(copy ? rope_decode_kernel<DT, VE, IL, true> : rope_decode_kernel<DT, VE, IL, false>, p, L, st);
-    return start(L.kind == K_ROWS ? rope_rows_kernel<DT, VE, IL> : rope_pairs_kernel<DT, VE, IL>, p, L, st);
+    return cudaErrorInvalidValue; /* the planners return rows of the table only */
 }
 
 /* IL exists only for units of two or more elements (plan_units never asks for it otherwise). */
@@ -1014,34 +1085,42 @@ cudaError_t launch_dtype(lmk_dtype dt, uint32_t ve, bool il, const BulkParams &p
     }
 }
 
-template <int DT, int VE, bool IL> void preload_layout(cudaError_t *first)
+/* Loads one row's kernel for (DT, VE, IL). The bulk kernels may use all the shared memory a block
+ * can have (optin; plan_bulk takes at most 1/kBulkCtas of an SM's), set here once per device rather
+ * than in an op call; they exist for 16-byte units only. */
+template <int DT, int VE, bool IL, lmk_rope_kernel K, bool COPY, bool MAPS>
+void preload_row(int optin, cudaError_t *first)
 {
-    lmk_cuda_preload(rope_rows_kernel<DT, VE, IL>, 0, first);
-    lmk_cuda_preload(rope_pairs_kernel<DT, VE, IL>, 0, first);
-    lmk_cuda_preload(rope_decode_kernel<DT, VE, IL, true>, 0, first);
-    lmk_cuda_preload(rope_decode_kernel<DT, VE, IL, false>, 0, first);
+    if constexpr (K == LMK_ROPE_K_DECODE)
+        lmk_cuda_preload(rope_decode_kernel<DT, VE, IL, COPY>, 0, first);
+    else if constexpr (K == LMK_ROPE_K_ROWS)
+        lmk_cuda_preload(rope_rows_kernel<DT, VE, IL>, 0, first);
+    else if constexpr (K == LMK_ROPE_K_PAIRS)
+        lmk_cuda_preload(rope_pairs_kernel<DT, VE, IL>, 0, first);
+    else if constexpr (VE * Elem<DT>::size == 16)
+        lmk_cuda_preload(rope_bulk_kernel<DT, IL, typename std::conditional<MAPS, BulkParams, RopeParams>::type>,
+                         (size_t)optin, first);
 }
 
-template <int DT, int VE> void preload_ve(cudaError_t *first)
+/* Every row of the table, for each layout of a unit width. */
+template <int DT, int VE> void preload_ve(int optin, cudaError_t *first)
 {
-    preload_layout<DT, VE, false>(first);
-    if constexpr (VE >= 2)
-        preload_layout<DT, VE, true>(first);
+#define ROPE_PRELOAD(id, name, kernel, copy, maps, reason, bench)                                                     \
+    preload_row<DT, VE, false, kernel, copy, maps>(optin, first);                                                      \
+    if constexpr (VE >= 2)                                                                                             \
+        preload_row<DT, VE, true, kernel, copy, maps>(optin, first);
+    LMK_ROPE_VARIANTS(ROPE_PRELOAD)
+#undef ROPE_PRELOAD
 }
 
-/* The bulk kernels may use all the shared memory a block can have (optin; plan_bulk takes at most
- * 1/kBulkCtas of an SM's), set here once per device rather than in an op call. */
+/* Every unit width plan_units may choose. */
 template <int DT> void preload_dtype(int optin, cudaError_t *first)
 {
     if constexpr (Elem<DT>::size == 2)
-        preload_ve<DT, 8>(first);
-    preload_ve<DT, 4>(first);
-    preload_ve<DT, 2>(first);
-    preload_ve<DT, 1>(first);
-    lmk_cuda_preload(rope_bulk_kernel<DT, false, RopeParams>, (size_t)optin, first);
-    lmk_cuda_preload(rope_bulk_kernel<DT, true, RopeParams>, (size_t)optin, first);
-    lmk_cuda_preload(rope_bulk_kernel<DT, false, BulkParams>, (size_t)optin, first);
-    lmk_cuda_preload(rope_bulk_kernel<DT, true, BulkParams>, (size_t)optin, first);
+        preload_ve<DT, 8>(optin, first);
+    preload_ve<DT, 4>(optin, first);
+    preload_ve<DT, 2>(optin, first);
+    preload_ve<DT, 1>(optin, first);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1174,7 +1253,7 @@ bool plan_decode(const Geom &g, uint64_t seq, int sm_count, LaunchPlan *L)
      * threads. At most ceil(half / ipr) rows of fewer than half items: under 2 * kSlicePairs threads. */
     const uint64_t rpb_angles = ceil_div(g.half, ipr);
     rpb = rpb < rpb_angles ? rpb_angles : rpb;
-    L->kind = K_DECODE;
+    L->variant = g.nc > 0 ? LMK_ROPE_DECODE_COPY : LMK_ROPE_DECODE;
     L->blocks = dim3((unsigned)seq, (unsigned)groups, 1);
     L->threads = dim3((unsigned)ipr, (unsigned)rpb, 1);
     L->smem = (size_t)g.half * sizeof(float2);
@@ -1248,7 +1327,7 @@ void plan_rows(const Geom &g, uint64_t seq, RowsPlan *rp, LaunchPlan *L)
     rp->pg = (uint32_t)pg;
     rp->groups = (uint32_t)(pg + cg);
     rp->n_blocks = ceil_div(seq, rp->tile) * rp->groups;
-    L->kind = K_ROWS;
+    L->variant = LMK_ROPE_ROWS;
     L->blocks = dim3((unsigned)rp->n_blocks, 1, 1);
     if (rp->n_blocks > 0x7fffffffu) /* T near 2^32 */
         L->blocks = dim3(1u << 30, (unsigned)ceil_div(rp->n_blocks, 1u << 30), 1);
@@ -1279,7 +1358,7 @@ void plan_pairs(const Geom &g, uint64_t seq, int sm_count, PairsPlan *pp, Launch
     pp->groups = (uint32_t)ceil_div(g.rows, pp->rows_per_group); /* no empty group */
     pp->tile_tokens = (uint32_t)tile;
     pp->n_blocks = tiles * pp->groups;
-    L->kind = K_PAIRS;
+    L->variant = LMK_ROPE_PAIRS;
     L->blocks = dim3((unsigned)pp->n_blocks, 1, 1);
     if (pp->n_blocks > 0x7fffffffu) /* T near 2^32 with one token per tile */
         L->blocks = dim3(1u << 30, (unsigned)ceil_div(pp->n_blocks, 1u << 30), 1);
@@ -1287,17 +1366,17 @@ void plan_pairs(const Geom &g, uint64_t seq, int sm_count, PairsPlan *pp, Launch
     L->smem = (size_t)pp->tile_tokens * g.half * sizeof(float2);
 }
 
-/* How tensor j is moved in one direction (BulkPlan.ld_mode, st_mode): 2 when the tile's rows are
- * one run of bytes (heads and tokens adjacent), 1 when a token's are (heads adjacent), else 0 (a
- * copy per row). */
-uint32_t bulk_mode(uint32_t nh, uint32_t span, uint64_t head_b, uint64_t tok_b, uint64_t seq)
+/* How tensor j is moved in one direction (BulkPlan.ld_mode, st_mode): BULK_TILE when the tile's
+ * rows are one run of bytes (heads and tokens adjacent), BULK_TOKEN when a token's are (heads
+ * adjacent), else BULK_ROW (plan_bulk may then take BULK_TENSOR). */
+BulkMode bulk_mode(uint32_t nh, uint32_t span, uint64_t head_b, uint64_t tok_b, uint64_t seq)
 {
     if (nh > 1 && head_b != span)
-        return 0;
-    return seq == 1 || tok_b == (uint64_t)nh * span ? 2 : 1;
+        return BULK_ROW;
+    return seq == 1 || tok_b == (uint64_t)nh * span ? BULK_TILE : BULK_TOKEN;
 }
 
-/* The tensor map of one side of tensor j for BulkPlan's mode 3: its rows of a tile, [tile][nh][span]
+/* The tensor map of one side of tensor j for BulkPlan's BULK_TENSOR: its rows of a tile, [tile][nh][span]
  * elements (es bytes, moved as raw integers: bit-exact) at byte strides head_b and tok_b from base.
  * False where a bulk tensor copy cannot take it (box sides over 256, tokens past int32
  * coordinates, strides not multiples of 16 or past 2^40, no encoder): the other modes then. */
@@ -1325,6 +1404,56 @@ bool plan_tensor_map(const lmk_cuda_device *d, CUtensorMap *m, const void *base,
                   CU_TENSOR_MAP_SWIZZLE_NONE, l2, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+/* The ring of rope_bulk_kernel (plan_bulk): the tile of `tile` tokens halved until at least
+ * kBulkMinStages stages of it fit a block's share of the SM's shared memory (1/kBulkCtas), at most
+ * kBulkMaxStages; the shared memory's layout (BulkPlan) and its bytes in *smem. False where even a
+ * tile of one token does not fit. */
+bool plan_bulk_stages(const lmk_cuda_device *d, const Geom &g, uint64_t tile, BulkPlan *bp, size_t *smem)
+{
+    const uint32_t nh1 = g.rows - g.nh0;
+    const uint64_t avail64 = (uint64_t)d->smem_sm / kBulkCtas - d->smem_reserved;
+    const uint64_t avail = (avail64 < (uint64_t)d->smem_optin ? avail64 : (uint64_t)d->smem_optin) & ~(uint64_t)127;
+    for (;; tile /= 2) {
+        const uint64_t cs0 = 2 * kBulkMaxStages * sizeof(uint64_t);
+        const uint64_t stage0 = (cs0 + 2 * tile * g.half * sizeof(float2) + 127) & ~(uint64_t)127;
+        const uint64_t region1 = (tile * g.nh0 * bp->span_b[0] + 127) & ~(uint64_t)127;
+        const uint64_t stage_b = (region1 + tile * nh1 * bp->span_b[1] + 127) & ~(uint64_t)127;
+        const uint64_t pos_b = tile * g.half * 8;
+        uint64_t stages = avail > stage0 ? (avail - stage0) / (stage_b + pos_b) : 0;
+        if (stages >= kBulkMinStages) {
+            stages = stages > kBulkMaxStages ? kBulkMaxStages : stages;
+            bp->tile = (uint32_t)tile, bp->stages = (uint32_t)stages;
+            bp->region_b[0] = 0, bp->region_b[1] = (uint32_t)region1;
+            bp->cs0 = (uint32_t)cs0, bp->stage0 = (uint32_t)stage0, bp->stage_b = (uint32_t)stage_b;
+            bp->pos0 = (uint32_t)(stage0 + stages * stage_b);
+            *smem = (size_t)(bp->pos0 + stages * pos_b);
+            return true;
+        }
+        if (tile == 1)
+            return false;
+    }
+}
+
+/* The tensor maps of the plan's BULK_TENSOR sides, in bk->tm[2 * j + out] as bulk_tile reads them,
+ * and the bytes a tile's tensor loads fill (BulkPlan.box_tok_b). False where one cannot be made. */
+bool plan_bulk_maps(const lmk_rope_args *a, const lmk_cuda_device *d, const Geom &g, uint32_t es, BulkParams *bk)
+{
+    BulkPlan *bp = &bk->r.bp;
+    bp->box_tok_b = 0;
+    for (int m = 0; m < 4; m++) {
+        const int j = m / 2;
+        const bool out = m % 2;
+        const BulkSide sd = bulk_side(g, *bp, j, out);
+        if (sd.mode != BULK_TENSOR || sd.nh == 0)
+            continue;
+        if (!plan_tensor_map(d, &bk->tm[m], sd.base, es, bp->span_b[j], sd.nh, sd.head, sd.tok, a->seq_len, bp->tile))
+            return false;
+        if (!out)
+            bp->box_tok_b += sd.nh * bp->span_b[j];
+    }
+    return true;
+}
+
 /* The plan of rope_bulk_kernel, when it applies: the device has bulk copies (lmk_cuda_device.bulk),
  * the launch has copy items (a tensor out of place with rope_dim < head_dim: Qwen3.5's q and k;
  * the others keep rope_pairs_kernel, the faster one where nothing is copied), 16-byte
@@ -1332,9 +1461,9 @@ bool plan_tensor_map(const lmk_cuda_device *d, CUtensorMap *m, const void *base,
  * one span at the start of its rows (rope_dim/2 pairing or interleaved, where rope_dim elements are
  * exactly the rotated ones), and no copy would be under kBulkMinCopy bytes. Where a tensor out of
  * place has heads that are not adjacent (q inside q|gate or a packed QKV) its rows would be a copy
- * each; a bulk tensor copy of the tile takes them instead (mode 3, plan_tensor_map), else the
+ * each; a bulk tensor copy of the tile takes them instead (BULK_TENSOR, plan_tensor_map), else the
  * launch keeps rope_rows_kernel. The tile is about kBulkTileBytes of rows (at most kBulkAngles
- * angles a thread, 256 tokens with mode 3), halved until at least kBulkMinStages stages fit the
+ * angles a thread, 256 tokens with BULK_TENSOR), halved until at least kBulkMinStages stages fit the
  * block's shared memory (1/kBulkCtas of an SM's); none fitting (rows of over ~24 KB a token)
  * keeps the other kernels. */
 bool plan_bulk(const lmk_rope_args *a, const Geom &g, uint32_t nb, const lmk_cuda_device *d, BulkParams *bk,
@@ -1362,13 +1491,13 @@ bool plan_bulk(const lmk_rope_args *a, const Geom &g, uint32_t nb, const lmk_cud
     bp->st_mode[0] = bulk_mode(g.nh0, bp->span_b[0], g.out_head0, g.out_tok0, a->seq_len);
     bp->ld_mode[1] = bulk_mode(nh1, bp->span_b[1], g.in_head1, g.in_tok1, a->seq_len);
     bp->st_mode[1] = bulk_mode(nh1, bp->span_b[1], g.out_head1, g.out_tok1, a->seq_len);
-    uint32_t *modes[4] = {&bp->ld_mode[0], &bp->st_mode[0], &bp->ld_mode[1], &bp->st_mode[1]};
-    /* Mode 3 for whole rows only: a tensor in place moves its rotated spans, and spans of 128
+    BulkMode *modes[4] = {&bp->ld_mode[0], &bp->st_mode[0], &bp->ld_mode[1], &bp->st_mode[1]};
+    /* BULK_TENSOR for whole rows only: a tensor in place moves its rotated spans, and spans of 128
      * bytes 512 apart move slower through tensor copies than through rope_pairs_kernel. */
     bool tensor = false;
     for (int m = 0; m < 4; m++)
-        if (*modes[m] == 0 && d->tmap_encode && bp->span_b[m / 2] == row_b)
-            *modes[m] = 3, tensor = true;
+        if (*modes[m] == BULK_ROW && d->tmap_encode && bp->span_b[m / 2] == row_b)
+            *modes[m] = BULK_TENSOR, tensor = true;
     uint64_t tile = kBulkTileBytes / bp->tok_b;
     const uint64_t tile_angles = (uint64_t)kBulkThreads * kBulkAngles / g.half;
     tile = tile < 1 ? 1 : tile > tile_angles ? tile_angles : tile;
@@ -1376,52 +1505,69 @@ bool plan_bulk(const lmk_rope_args *a, const Geom &g, uint32_t nb, const lmk_cud
     tile = tensor && tile > 256 ? 256 : tile;
     const uint32_t nh[2] = {g.nh0, nh1};
     for (int m = 0; m < 4; m++) {
-        const uint32_t j = m / 2, mode = *modes[m];
-        const uint64_t bytes = (mode == 0 ? 1 : mode == 1 ? nh[j] : tile * nh[j]) * (uint64_t)bp->span_b[j];
-        if (nh[j] && bytes < kBulkMinCopy && mode != 3)
+        const uint32_t j = m / 2;
+        const BulkMode mode = *modes[m];
+        const uint64_t bytes =
+            (mode == BULK_ROW ? 1 : mode == BULK_TOKEN ? nh[j] : tile * nh[j]) * (uint64_t)bp->span_b[j];
+        if (nh[j] && bytes < kBulkMinCopy && mode != BULK_TENSOR)
             return false;
     }
-    const uint64_t avail64 = (uint64_t)d->smem_sm / kBulkCtas - d->smem_reserved;
-    const uint64_t avail = (avail64 < (uint64_t)d->smem_optin ? avail64 : (uint64_t)d->smem_optin) & ~(uint64_t)127;
-    for (;; tile /= 2) {
-        const uint64_t cs0 = 2 * kBulkMaxStages * sizeof(uint64_t);
-        const uint64_t stage0 = (cs0 + 2 * tile * g.half * sizeof(float2) + 127) & ~(uint64_t)127;
-        const uint64_t region1 = (tile * g.nh0 * bp->span_b[0] + 127) & ~(uint64_t)127;
-        const uint64_t stage_b = (region1 + tile * nh1 * bp->span_b[1] + 127) & ~(uint64_t)127;
-        const uint64_t pos_b = tile * g.half * 8;
-        uint64_t stages = avail > stage0 ? (avail - stage0) / (stage_b + pos_b) : 0;
-        if (stages >= kBulkMinStages) {
-            stages = stages > kBulkMaxStages ? kBulkMaxStages : stages;
-            bp->tile = (uint32_t)tile, bp->stages = (uint32_t)stages;
-            bp->region_b[0] = 0, bp->region_b[1] = (uint32_t)region1;
-            bp->cs0 = (uint32_t)cs0, bp->stage0 = (uint32_t)stage0, bp->stage_b = (uint32_t)stage_b;
-            bp->pos0 = (uint32_t)(stage0 + stages * stage_b);
-            L->smem = (size_t)(bp->pos0 + stages * pos_b);
-            break;
-        }
-        if (tile == 1)
-            return false;
-    }
-    bp->box_tok_b = 0;
-    for (int m = 0; m < 4; m++) { /* bk->tm[2 * j + out], as bulk_tile reads them */
-        const int j = m / 2;
-        const bool out = m % 2;
-        const BulkSide sd = bulk_side(g, *bp, j, out);
-        if (sd.mode != 3 || sd.nh == 0)
-            continue;
-        if (!plan_tensor_map(d, &bk->tm[m], sd.base, es, bp->span_b[j], sd.nh, sd.head, sd.tok, a->seq_len, bp->tile))
-            return false;
-        if (!out)
-            bp->box_tok_b += sd.nh * bp->span_b[j];
-    }
+    if (!plan_bulk_stages(d, g, tile, bp, &L->smem) || !plan_bulk_maps(a, d, g, es, bk))
+        return false;
     bp->seq = a->seq_len;
     bp->tiles = ceil_div(a->seq_len, bp->tile);
     bp->n_pos = bp->tile * g.half < kBulkThreads ? bp->tile * g.half : kBulkThreads;
     const uint64_t grid = (uint64_t)d->sm_count * kBulkCtas;
-    L->kind = K_BULK;
+    L->variant = uses_maps(*bp) ? LMK_ROPE_BULK_MAPS : LMK_ROPE_BULK;
     L->blocks = dim3((unsigned)(bp->tiles < grid ? bp->tiles : grid), 1, 1);
     L->threads = dim3(kBulkThreads, 1, 1);
     return true;
+}
+
+/* The table's rows (variants.h), for the planner and the routes. */
+struct VariantRow {
+    lmk_rope_kernel kernel;
+    const char *name;
+};
+constexpr VariantRow kRows[] = {
+#define ROPE_ROW(id, name, kernel, copy, maps, reason, bench) {kernel, name},
+    LMK_ROPE_VARIANTS(ROPE_ROW)
+#undef ROPE_ROW
+};
+static_assert(sizeof kRows / sizeof kRows[0] == LMK_ROPE_N_VARIANTS, "one row per id");
+constexpr const char *kKernelNames[] = {"rope_decode_kernel", "rope_rows_kernel", "rope_pairs_kernel",
+                                        "rope_bulk_kernel"};
+
+/* The row the bench forces every launch onto (lmk_cuda_rope_force), or -1. */
+std::atomic<int> g_forced{-1};
+
+/* The launch shape of one slice: the decode kernel where its grid is small, else the bulk kernel
+ * where it takes the launch, else rope_rows_kernel (copy items) or rope_pairs_kernel. A forced row
+ * skips the decode and bulk plans unless it names their kernel, and must then be the plan's row
+ * (LMK_ERR_UNSUPPORTED otherwise), or a superset of it: the decode kernel with copy items compiled
+ * in runs a launch without any, and the bulk kernel's parameters with tensor maps serve a plan
+ * that uses none (the A/B of rope_decode and rope_bulk). */
+lmk_status plan_launch(const lmk_rope_args *a, const lmk_cuda_device *d, uint32_t ve, BulkParams *P, LaunchPlan *L)
+{
+    RopeParams &p = P->r;
+    const int forced = g_forced.load(std::memory_order_relaxed);
+    const lmk_rope_kernel fk = forced >= 0 ? kRows[forced].kernel : LMK_ROPE_K_DECODE;
+    if ((forced < 0 || fk == LMK_ROPE_K_DECODE) && plan_decode(p.g, a->seq_len, d->sm_count, L))
+        ;
+    else if ((forced < 0 || fk == LMK_ROPE_K_BULK) && plan_bulk(a, p.g, ve * (a->dtype == LMK_F32 ? 4 : 2), d, P, L))
+        ;
+    else if (p.g.nc > 0)
+        plan_rows(p.g, a->seq_len, &p.rp, L);
+    else
+        plan_pairs(p.g, a->seq_len, d->sm_count, &p.pp, L);
+    L->pdl = d->pdl;
+    if ((forced == LMK_ROPE_DECODE_COPY && L->variant == LMK_ROPE_DECODE) ||
+        (forced == LMK_ROPE_BULK_MAPS && L->variant == LMK_ROPE_BULK))
+        L->variant = (lmk_rope_variant)forced;
+    if (forced >= 0 && L->variant != forced)
+        return lmk_fail(LMK_ERR_UNSUPPORTED, "rope: the forced variant %s cannot run this launch (it plans %s)",
+                        kRows[forced].name, kRows[L->variant].name);
+    return LMK_OK;
 }
 
 /* The plans of a call's launches, one per slice of kSlicePairs pairs (one for rope_dim <= 256), each
@@ -1441,16 +1587,9 @@ template <typename F> lmk_status for_each_launch(const lmk_rope_args *a, const l
         plan_slice(&p.g, p0, n, ppu, nc_row);
         plan_angles(&a->angle, p0, &p.a);
         LaunchPlan L;
-        if (plan_decode(p.g, a->seq_len, d->sm_count, &L))
-            ;
-        else if (plan_bulk(a, p.g, ve * (a->dtype == LMK_F32 ? 4 : 2), d, &P, &L))
-            ;
-        else if (p.g.nc > 0)
-            plan_rows(p.g, a->seq_len, &p.rp, &L);
-        else
-            plan_pairs(p.g, a->seq_len, d->sm_count, &p.pp, &L);
-        L.pdl = d->pdl;
-        st = f(P, L, ve, il);
+        st = plan_launch(a, d, ve, &P, &L);
+        if (st == LMK_OK)
+            st = f(P, L, ve, il);
     }
     return st;
 }
@@ -1464,6 +1603,11 @@ lmk_status lmk_cuda_rope(lmk_stream *s, const void *args)
     lmk_status st = lmk_cuda_use(d->ordinal, "rope: cudaSetDevice");
     if (st != LMK_OK)
         return st;
+    /* A forced row must suit every launch before the first is made (a call that fails changes
+     * nothing); the planner's own rows always do. */
+    const auto none = [](const BulkParams &, const LaunchPlan &, uint32_t, bool) { return LMK_OK; };
+    if (g_forced.load(std::memory_order_relaxed) >= 0 && (st = for_each_launch(a, d, none)) != LMK_OK)
+        return st;
     const cudaStream_t h = lmk_cuda_stream_of(s);
     return for_each_launch(a, d, [&](const BulkParams &P, const LaunchPlan &L, uint32_t ve, bool il) {
         const cudaError_t e = launch_dtype(a->dtype, ve, il, P, L, h);
@@ -1471,27 +1615,34 @@ lmk_status lmk_cuda_rope(lmk_stream *s, const void *args)
     });
 }
 
-extern "C" int lmk_cuda_rope_route(const lmk_cuda_device *d, const lmk_rope_args *a, lmk_cuda_route *r, int max)
+extern "C" lmk_status lmk_cuda_rope_route(const lmk_cuda_device *d, const lmk_rope_args *a, lmk_cuda_route *r,
+                                          int max, int *n)
 {
-    static const char *const names[] = {"rope_decode_kernel", "rope_rows_kernel", "rope_pairs_kernel",
-                                        "rope_bulk_kernel"};
-    int n = 0;
-    const lmk_status st =
-        for_each_launch(a, d, [&](const BulkParams &P, const LaunchPlan &L, uint32_t ve, bool) {
-            if (n < max) {
-                lmk_cuda_route *o = &r[n];
-                *o = lmk_cuda_route{};
-                o->kernel = names[L.kind];
-                o->unit_bytes = ve * (a->dtype == LMK_F32 ? 4 : 2);
-                o->maps = L.kind == K_BULK && uses_maps(P.r.bp);
-                o->blocks = L.blocks.x * L.blocks.y * L.blocks.z;
-                o->threads = L.threads.x * L.threads.y * L.threads.z;
-                o->smem = L.smem;
-            }
-            n++;
-            return LMK_OK;
-        });
-    return st == LMK_OK ? n : -1;
+    *n = 0;
+    return for_each_launch(a, d, [&](const BulkParams &, const LaunchPlan &L, uint32_t ve, bool) {
+        if (*n < max) {
+            lmk_cuda_route *o = &r[*n];
+            *o = lmk_cuda_route{};
+            o->variant = L.variant;
+            o->variant_name = kRows[L.variant].name;
+            o->kernel = kKernelNames[kRows[L.variant].kernel];
+            o->unit_bytes = ve * (a->dtype == LMK_F32 ? 4 : 2);
+            o->blocks = L.blocks.x * L.blocks.y * L.blocks.z;
+            o->threads = L.threads.x * L.threads.y * L.threads.z;
+            o->smem = L.smem;
+        }
+        ++*n;
+        return LMK_OK;
+    });
+}
+
+extern "C" lmk_status lmk_cuda_rope_force(int variant)
+{
+    if (variant < -1 || variant >= LMK_ROPE_N_VARIANTS)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "rope: variant (%d) must be -1 or a row of the variants table, < %d",
+                        variant, (int)LMK_ROPE_N_VARIANTS);
+    g_forced.store(variant, std::memory_order_relaxed);
+    return LMK_OK;
 }
 
 cudaError_t lmk_cuda_rope_preload(void)
