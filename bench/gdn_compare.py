@@ -22,10 +22,14 @@ Part 3, speed (GPU, --bench): decode at Qwen3.5-27B's GDN shape (Hk 16, Hv 48, d
 64, 256 and 512 sequences one token each: lmk against Hugging Face's torch path
 (torch_recurrent_gated_delta_rule, eager and under torch.compile), each call replayed from a CUDA graph
 (triton.testing.do_bench_cudagraph), with lmk's speed-up beside each. FLA's fused_recurrent_gated_delta_rule
-and the convolution at T = 4106 are not timed here yet.
+and the convolution at T = 4106 are not timed here.
+
+Part 4, prefill (GPU, --prefill): the delta rule alone at published prefill shapes (Qwen3.5-27B and 35B-A3B heads, one
+sequence of 8192 or 32768 tokens, four of 8192) against FLA's chunk_gated_delta_rule, with nominal TFLOP/s; and
+the whole layer at T = 4096 against Hugging Face's module, eager and under torch.compile.
 
     PYTHONPATH=python LMK_LIBRARY=build/liblmk.so python3 bench/gdn_compare.py --device cpu --dtype f32
-    PYTHONPATH=python LMK_LIBRARY=build/liblmk.so python3 bench/gdn_compare.py --device cuda --dtype bf16 --fla --bench
+    PYTHONPATH=python LMK_LIBRARY=build/liblmk.so python3 bench/gdn_compare.py --device cuda --dtype bf16 --fla --bench --prefill
 """
 import argparse
 import sys
@@ -218,6 +222,77 @@ def bench(args):
                                                                     tc / tl, gbs))
 
 
+PREFILL_SHAPES = (  # (label, Hk, Hv, sequences, tokens each), d = 128: the published H200 prefill shapes
+    ("27B 1x8192", 16, 48, 1, 8192), ("27B 1x32768", 16, 48, 1, 32768), ("27B 4x8192", 16, 48, 4, 8192),
+    ("35B-A3B 1x8192", 16, 32, 1, 8192), ("35B-A3B 1x32768", 16, 32, 1, 32768), ("35B-A3B 4x8192", 16, 32, 4, 8192))
+
+
+def bench_prefill(args):
+    """Prefill of the delta rule alone (bf16 q/k/v, f32 gates and state, no norm): lmk.gated_delta_rule against
+    FLA's chunk_gated_delta_rule on the same inputs, each replayed from a CUDA graph, with the nominal TFLOP/s
+    (4 * T * Hv * d^2 per call). FLA is given q and k already at Hv heads (outside the timing); lmk reads Hk."""
+    import triton.testing as tt
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except ImportError as e:
+        chunk_gated_delta_rule = None
+        print("fla: not installed (%s): lmk alone" % e)
+    dev, d, dt = "cuda", 128, torch.bfloat16
+    print("%-18s %10s %7s %10s %7s %8s" % ("prefill", "lmk ms", "TFLOP/s", "FLA ms", "TFLOP/s", "speed-up"))
+    for label, hk, hv, nseq, t in PREFILL_SHAPES:
+        n = nseq * t
+        torch.manual_seed(args.seed + 3)
+        q = torch.randn(n, hk, d, device=dev, dtype=dt)
+        k = torch.randn(n, hk, d, device=dev, dtype=dt)
+        v = torch.randn(n, hv, d, device=dev, dtype=dt)
+        g = -torch.rand(n, hv, device=dev, dtype=torch.float32) * 0.5
+        beta = torch.rand(n, hv, device=dev, dtype=torch.float32)
+        state = torch.zeros(nseq, hv, d, d, device=dev, dtype=torch.float32)
+        out = torch.empty_like(v)
+        cu = torch.arange(0, n + 1, t, device=dev, dtype=torch.int32)
+
+        def run_lmk():
+            lmk.gated_delta_rule(q, k, v, g, beta, heads="block", cu_seqlens=cu, state=state, out=out)
+
+        t_lmk = tt.do_bench_cudagraph(run_lmk)
+        flops = 4.0 * n * hv * d * d
+        t_fla = float("nan")
+        if chunk_gated_delta_rule is not None:
+            rep = hv // hk
+            qf = q.repeat_interleave(rep, dim=1).view(nseq, t, hv, d)
+            kf = k.repeat_interleave(rep, dim=1).view(nseq, t, hv, d)
+            vf, gf, bf = v.view(nseq, t, hv, d), g.view(nseq, t, hv), beta.view(nseq, t, hv)
+
+            def run_fla():
+                chunk_gated_delta_rule(qf, kf, vf, g=gf, beta=bf, initial_state=state, output_final_state=True,
+                                       use_qk_l2norm_in_kernel=True)
+
+            t_fla = tt.do_bench_cudagraph(run_fla)
+        print("%-18s %10.3f %7.1f %10.3f %7.1f %7.2fx" % (label, t_lmk, flops / t_lmk / 1e9, t_fla,
+                                                          flops / t_fla / 1e9, t_fla / t_lmk))
+
+
+def bench_layer(args):
+    """The whole Gated DeltaNet layer at T = 4096 (Qwen3.5-27B's GDN shape, bf16, one sequence): Hugging Face's
+    module eager and under torch.compile against the same module's projections around lmk's two calls; the
+    projections are common to both, so the difference is the GDN part (conv + delta rule + gated norm)."""
+    import triton.testing as tt
+    dev, dt, t = "cuda", torch.bfloat16, 4096
+    cfg = layer_config(5120, 16, 48, 128, 4)
+    mod = make_layer(cfg, dev, dt, args.seed)
+    x = torch.randn(1, t, 5120, device=dev, dtype=dt)
+    lay = LmkLayer(mod, n_slots=1)
+    cu = torch.tensor([0, t], device=dev, dtype=torch.int32)
+    slots = torch.zeros(1, device=dev, dtype=torch.int32)
+    with torch.no_grad():
+        t_lmk = tt.do_bench_cudagraph(lambda: lay(x[0], cu, slots))
+        t_hf = tt.do_bench_cudagraph(lambda: mod(x))
+        comp = torch.compile(mod)
+        t_hfc = tt.do_bench_cudagraph(lambda: comp(x))
+    print("layer T=%d (27B GDN, bf16): lmk %.3f ms, HF eager %.3f ms (%.1fx), HF torch.compile %.3f ms (%.1fx)"
+          % (t, t_lmk, t_hf, t_hf / t_lmk, t_hfc, t_hfc / t_lmk))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -232,12 +307,17 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--fla", action="store_true", help="compare with FLA's kernels (GPU)")
     ap.add_argument("--bench", action="store_true", help="time decode against Hugging Face (GPU)")
+    ap.add_argument("--prefill", action="store_true",
+                    help="time prefill against FLA, and the whole layer against Hugging Face (GPU)")
     args = ap.parse_args()
     ok = check_layer(args)
     if args.fla:
         ok = check_fla(args) and ok
     if args.bench:
         bench(args)
+    if args.prefill:
+        bench_prefill(args)
+        bench_layer(args)
     return 0 if ok else 1
 
 

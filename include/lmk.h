@@ -727,11 +727,25 @@ LMK_API lmk_status lmk_causal_conv1d(lmk_stream *s, const lmk_buffer *x, const l
  * norm-wise, the output's own rounding included. A row whose terms cancel (||o|| far below
  * || |S|^T |qn| ||) is held to that bound plus 2^-23 * || |S|^T |qn| || (f32 cannot do better; after
  * the gated norm, each element's part of it scaled as the norm scales the element), and
- * a 16-bit output to it plus its dtype's subnormal spacing. The CPU and CUDA backends run the token-by-token
- * form above; with an f32 pool, a sequence processed in one call, split at any token across calls
- * (its state carried through the pool) or one token a call gives the same results within that
+ * a 16-bit output to it plus its dtype's subnormal spacing. Both backends run the token-by-token
+ * form above or the chunked (WY) form of the same function: the CPU chunks sequences of 16 tokens or
+ * more (no workspace needed), falling back to token steps for a chunk whose gates or k norms are out
+ * of the chunked form's stable range; the CUDA backend chunks on tensor cores where a workspace is
+ * given and the call qualifies (below). With an f32 pool, a sequence processed in one call, split at
+ * any token across calls (its state carried through the pool) or one token a call gives the same results within that
  * precision (a bf16 pool is rounded at the end of every call, so a sequence split into pieces has its
  * state rounded once a piece: one token a call rounds it every token, which costs accuracy). A pool of 0 rows (every sequence padding) is valid.
+ *
+ * Workspace (prompts on CUDA). io->workspace NULL: the token-by-token form (correct at any length,
+ * slow for long prompts). Given: a dense LMK_U8 buffer on the stream's device of at least the bytes
+ * lmk_gated_delta_rule_workspace answers, sharing no byte with any operand; its contents need no
+ * initialisation and are unspecified after the call. The call allocates nothing, reads no device
+ * data on the host and can be captured into a CUDA graph either way. The CUDA backend runs the
+ * chunked form (chunks of 64 tokens aligned to each sequence's start) where the workspace is given
+ * and large enough, q/k/v are bf16 or f16, q and k are L2-normalised, k_dim = v_dim = 64 or 128 and
+ * seq_len >= 64 * n_seq; every other call runs the token-by-token form. The workspace holds
+ * seq_len / 64 + n_seq chunks of 64 * ((2 * k_dim + 4 * v_dim + 140) * n_v_heads + 4 * k_dim *
+ * n_k_heads) bytes, and a few KB more (Qwen3.5-27B: 3.3 MB a chunk, 52 KB a token).
  *
  * Errors (INVALID_ARGUMENT, in this order, each message naming the value and the rule): NULL stream,
  * io, params, q, k, v, a, b or out; seq_len, n_k_heads, n_v_heads, k_dim or v_dim 0; k_dim or v_dim
@@ -742,7 +756,9 @@ LMK_API lmk_status lmk_causal_conv1d(lmk_stream *s, const lmk_buffer *x, const l
  * bf16 / f16; the others as above; state f32 or bf16); cu_seqlens not dense i32/i64 of at least 2
  * entries; state_slots without state, or not dense i32/i64 of exactly n_seq entries; state not a
  * 4-D [n_slots, Hv, dk, dv] buffer with distinct elements; a buffer on another device; overlaps
- * (out and state against every other operand). UNSUPPORTED (CUDA): k_dim above 128 with a v_dim
+ * (out and state against every other operand); workspace (when given) not a dense LMK_U8 buffer, on
+ * another device, smaller than lmk_gated_delta_rule_workspace's bytes, or sharing a byte with any
+ * operand. UNSUPPORTED (CUDA): k_dim above 128 with a v_dim
  * whose state does not fit the shared memory a block may use (256 x 256 needs 133 KB: H100, H200 and
  * A100 have it). DEVICE: launch failure (CUDA).
  * ---------------------------------------------------------------------------------------------- */
@@ -759,6 +775,7 @@ typedef struct lmk_gdn_io {
     lmk_buffer *state;                 /* [n_slots, Hv, dk, dv] f32/bf16, any strides, in place; or NULL */
     const lmk_buffer *z, *norm_w;      /* fused gated RMSNorm: z [T, Hv, dv] and norm_w [dv], or both NULL */
     lmk_buffer *out;                   /* [T, Hv, dv], q's dtype */
+    lmk_buffer *workspace;             /* scratch of the chunked form (lmk_gated_delta_rule_workspace), or NULL */
 } lmk_gdn_io;
 
 typedef struct lmk_gdn_params {
@@ -770,6 +787,15 @@ typedef struct lmk_gdn_params {
 } lmk_gdn_params;
 
 LMK_API lmk_status lmk_gated_delta_rule(lmk_stream *s, const lmk_gdn_io *io, const lmk_gdn_params *p);
+
+/* The bytes of workspace lmk_gated_delta_rule would use for this call on this stream (*bytes), after
+ * validating the call exactly as lmk_gated_delta_rule does (the same errors, in the same order; the
+ * workspace field itself is ignored). 0 where the call never uses one: the CPU backend, and shapes
+ * the chunked kernels do not take. The number depends only on seq_len, n_seq (cu_seqlens' element
+ * count), the head counts and dims and the dtypes, and never decreases as seq_len or n_seq grow: one
+ * workspace sized for the largest call of a layer serves every smaller one. */
+LMK_API lmk_status lmk_gated_delta_rule_workspace(lmk_stream *s, const lmk_gdn_io *io, const lmk_gdn_params *p,
+                                                  size_t *bytes);
 
 #ifdef __cplusplus
 }

@@ -25,7 +25,19 @@
  *  - duplicate slots: the row holds the last sequence's state computed from the row as it was;
  *  - every validation rule of lmk.h in its order (each rule also with a later clause broken), with
  *    its message and no byte written, and the calls lmk.h allows that look like errors;
- *  - the same bits from streams of 1, 2 and 3 threads.
+ *  - the same bits from streams of 1, 2 and 3 threads;
+ *  - the workspace (lmk.h "Workspace"), on every device: the query (0 on the CPU and for f32, the
+ *    chunked layout's bytes on CUDA, never decreasing in T or n_seq, the call's validation with its
+ *    messages), each rule on the workspace with nothing written, a workspace of exactly the bytes
+ *    at an odd address giving the same bits;
+ *  - the chunked form (CUDA): the case table's workspace rows at every size (Qwen3.5-27B and
+ *    Qwen3-Next prompts of 64, 65, 127, 4096 and 4100 tokens, varlen batches, both head maps,
+ *    strided views, z on and off, f32 and bf16 pools, dk = dv = 64, and the calls it leaves to the
+ *    token kernel); chunked against the token kernel on the same inputs, both against the float64
+ *    model, with empty, one-token, padding and twice-named sequences and 44 sequences (a head's
+ *    rows in one block and in a cluster of two); two calls giving the same bits; one sequence of
+ *    65,536 tokens (LMK_TEST_QUICK: 8,192); hostile cu_seqlens and slots, overlapping sequences
+ *    past the workspace's chunk bound included.
  * Output rows are held to lmk.h's bound as case.c states it (the stored dtype's rounding counted
  * in, rows whose o cancels held to their terms' size / COND_MAX). The float64 model of the traps
  * is written here again from lmk.h's formulas, independently of lmk_ref_gated_delta_rule, and
@@ -308,6 +320,9 @@ typedef struct call_spec {
     size_t n_cu, n_slots;
     lmk_dtype cu_dtype, slot_dtype;
     bool no_state;
+    lmk_buffer *workspace; /* io->workspace */
+    lmk_buffer *a_view;    /* replaces the a operand (NULL: a view of the problem's a) */
+    size_t *query;         /* non-NULL: lmk_gated_delta_rule_workspace into *query instead of the call */
 } call_spec;
 
 /* A view of `dt` with `nd` axes at element `at` of operand i. */
@@ -342,7 +357,7 @@ static lmk_status call_range(tst_dev *d, const prob *p, dprob *dp, const call_sp
     b[DQ] = view_of(dp, DQ, t0 * hk * dk, p->dtype, sq, 3);
     b[DK] = view_of(dp, DK, t0 * hk * dk, p->dtype, sq, 3);
     b[DV] = view_of(dp, DV, t0 * hv * dv, p->dtype, sv, 3);
-    b[DA] = view_of(dp, DA, t0 * hv, LMK_F32, sg, 2);
+    b[DA] = c->a_view ? NULL : view_of(dp, DA, t0 * hv, LMK_F32, sg, 2);
     b[DB] = view_of(dp, DB, t0 * hv, LMK_F32, sg, 2);
     b[DALOG] = p->raw ? view_of(dp, DALOG, 0, LMK_F32, sh, 1) : NULL;
     b[DDT] = p->raw ? view_of(dp, DDT, 0, LMK_F32, sh, 1) : NULL;
@@ -352,14 +367,16 @@ static lmk_status call_range(tst_dev *d, const prob *p, dprob *dp, const call_sp
     b[DOUT] = view_of(dp, DOUT, t0 * hv * dv, p->dtype, sv, 3);
     lmk_buffer *cu = index_buf(d, c->cu, c->n_cu, c->cu_dtype ? c->cu_dtype : LMK_I32);
     lmk_buffer *slots = index_buf(d, c->slots, c->n_slots, c->slot_dtype ? c->slot_dtype : LMK_I32);
-    const lmk_gdn_io io = {.q = b[DQ], .k = b[DK], .v = b[DV], .a = b[DA], .b = b[DB], .A_log = b[DALOG],
-                           .dt_bias = b[DDT], .cu_seqlens = cu, .state_slots = slots, .state = b[DPOOL],
-                           .z = b[DZ], .norm_w = b[DNW], .out = b[DOUT]};
+    const lmk_gdn_io io = {.q = b[DQ], .k = b[DK], .v = b[DV], .a = c->a_view ? c->a_view : b[DA], .b = b[DB],
+                           .A_log = b[DALOG], .dt_bias = b[DDT], .cu_seqlens = cu, .state_slots = slots,
+                           .state = b[DPOOL], .z = b[DZ], .norm_w = b[DNW], .out = b[DOUT],
+                           .workspace = c->workspace};
     const lmk_gdn_params prm = {.seq_len = (uint32_t)n, .n_k_heads = p->hk, .n_v_heads = p->hv, .k_dim = p->dk,
                                 .v_dim = p->dv, .head_map = p->map, .scale = p->scale, .flags = p->flags,
                                 .norm = p->norm};
-    lmk_status st = lmk_gated_delta_rule(d->stream, &io, &prm);
-    if (st == LMK_OK)
+    lmk_status st = c->query ? lmk_gated_delta_rule_workspace(d->stream, &io, &prm, c->query)
+                             : lmk_gated_delta_rule(d->stream, &io, &prm);
+    if (st == LMK_OK && !c->query)
         st = lmk_stream_sync(d->stream);
     for (int i = 0; i < N_DBUF; i++)
         lmk_buffer_free(b[i]);
@@ -1028,6 +1045,356 @@ done:
 }
 
 /* ------------------------------------------------------------------------------------------------
+ * the workspace and the chunked form (lmk.h, "Workspace"; CUDA's chunked kernels)
+ * ---------------------------------------------------------------------------------------------- */
+
+static bool is_cuda(const tst_dev *d)
+{
+    return lmk_device_backend(d->dev) == LMK_BACKEND_CUDA;
+}
+
+/* A u8 workspace of the bytes lmk_gated_delta_rule_workspace answers for call c (at least 1 byte). */
+static lmk_buffer *workspace_for(tst_dev *d, const prob *p, dprob *dp, const call_spec *c, size_t *bytes)
+{
+    size_t need = 0;
+    call_spec q = *c;
+    q.query = &need, q.workspace = NULL;
+    if (!TST_REQUIRE(call_range(d, p, dp, &q) == LMK_OK, "workspace query [%s]: %s", d->name, lmk_last_error()))
+        return NULL;
+    if (bytes)
+        *bytes = need;
+    const size_t n = need ? need : 1, shape[1] = {n};
+    lmk_buffer *w = NULL;
+    const lmk_status st = lmk_buffer_alloc(d->dev, n, LMK_U8, shape, 1, &w);
+    return TST_REQUIRE(st == LMK_OK, "workspace of %zu bytes [%s]: %s", n, d->name, lmk_last_error()) ? w : NULL;
+}
+
+/* The case table's rows with a workspace, the large ones too (LMK_TEST_QUICK: up to 2,000 tokens),
+ * on CUDA: the chunked kernels (and the calls they leave to the token kernel) against the float64
+ * reference, every byte outside out, the stored pool rows and the workspace checked. */
+static void test_chunk_cases(tst_dev *d)
+{
+    const tst_op *op = tst_op_find("gated_delta_rule");
+    if (!is_cuda(d) || !TST_REQUIRE(op, "gated_delta_rule is not in the registry"))
+        return;
+    int n = 0;
+    tst_result res;
+    for (int i = 0; i < op->n_cases(); i++) {
+        const tst_case c = tst_op_case(op, i);
+        if (!strstr(c.name, " workspace ") || (tst_quick() && c.T > 2000))
+            continue;
+        const uint64_t seed = tst_case_seed();
+        const double t0 = tst_now();
+        const bool ok = tst_case_check(&c, d->stream, seed, &res, NULL);
+        CHECK(ok, "chunked %s [%s] seed 0x%016" PRIx64 ": %s", c.name, d->name, seed, res.msg);
+        printf("chunked [%s] %s: %s (%.1f s)\n", d->name, c.name, res.msg, tst_now() - t0);
+        n++;
+    }
+    CHECK(n >= (tst_quick() ? 8 : 11), "chunked [%s]: only %d table cases with a workspace", d->name, n);
+}
+
+/* One comparison of the chunked form with the token kernel on the same inputs. */
+typedef struct chunk_run {
+    const char *what;
+    uint32_t T, dk;
+    lmk_repeat_layout map;
+    lmk_dtype dtype, state_dtype;
+    bool kfast;
+    const int32_t *cu, *slots; /* NULL: one sequence, row 0 */
+    size_t n_seq;
+    uint32_t unspecified_t1;   /* tokens [0, this) belong to a sequence whose row a later one stores */
+    int keep_row;              /* a row only an empty sequence names (its bytes stay), or -1 */
+} chunk_run;
+
+/* Both forms within lmk.h's bound of the float64 model and within twice of each other, the stored
+ * rows within the bound, the chunked call twice giving the same bits, nothing written outside out,
+ * the named rows and the workspace. */
+static void chunk_vs_token(tst_dev *d, const chunk_run *r)
+{
+    prob p = prob_shape(r->T, 2, 6, r->dk, r->dk, 4, r->dtype, r->state_dtype);
+    p.map = r->map, p.kfast = r->kfast;
+    dprob dp = {0};
+    result tok = {0}, ch = {0}, ch2 = {0}, model = {0};
+    lmk_buffer *ws = NULL;
+    call_spec c = {.t0 = 0, .t1 = r->T, .cu = r->cu, .n_cu = r->cu ? r->n_seq + 1 : 0, .slots = r->slots,
+                   .n_slots = r->slots ? r->n_seq : 0};
+    if (!prob_make(&p, tst_case_seed()) || !dprob_make(d, &p, &dp) ||
+        !model_result(&p, RIGHT, &(trap){.cu = r->cu, .slots = r->slots, .n_seq = r->cu ? r->n_seq : 1}, &model) ||
+        !(ws = workspace_for(d, &p, &dp, &c, NULL)))
+        goto done;
+    const double t0 = tst_now();
+    if (!TST_REQUIRE(dprob_reset(&dp) && call_range(d, &p, &dp, &c) == LMK_OK, "%s token [%s]: %s", r->what, d->name,
+                     lmk_last_error()) ||
+        !result_read(&p, &dp, &tok))
+        goto done;
+    const double t1 = tst_now();
+    c.workspace = ws;
+    if (!TST_REQUIRE(dprob_reset(&dp) && call_range(d, &p, &dp, &c) == LMK_OK, "%s chunked [%s]: %s", r->what,
+                     d->name, lmk_last_error()) ||
+        !result_read(&p, &dp, &ch))
+        goto done;
+    const double t2 = tst_now();
+    bool rows[4] = {true, true, true, true};
+    char msg[160] = "";
+    CHECK(untouched(&p, &dp, rows, msg, sizeof msg), "%s chunked [%s]: %s", r->what, d->name, msg);
+    if (!TST_REQUIRE(dprob_reset(&dp) && call_range(d, &p, &dp, &c) == LMK_OK, "%s chunked again [%s]: %s", r->what,
+                     d->name, lmk_last_error()) ||
+        !result_read(&p, &dp, &ch2))
+        goto done;
+    const size_t n_out = (size_t)p.T * p.hv * p.dv, n_pool = (size_t)p.n_slots * p.hv * p.dk * p.dv;
+    CHECK(!memcmp(ch.out, ch2.out, n_out * sizeof(float)) && !memcmp(ch.pool, ch2.pool, n_pool * sizeof(float)),
+          "%s chunked [%s]: two calls on the same inputs gave different bits", r->what, d->name);
+    const double tol = tol_of(&p);
+    const size_t from = r->unspecified_t1;
+    const double r_tok = out_ratio(&p, tok.out, model.out, model.mag, from, p.T, tol);
+    const double r_ch = out_ratio(&p, ch.out, model.out, model.mag, from, p.T, tol);
+    const double r_x = out_ratio(&p, ch.out, tok.out, model.mag, from, p.T, 2.0 * tol);
+    double r_pool = 0.0;
+    for (size_t row = 0; row < p.n_slots; row++)
+        r_pool = fmax(r_pool, pool_ratio(&p, ch.pool, model.pool, row, tol));
+    const size_t row_elems = (size_t)p.hv * p.dk * p.dv;
+    CHECK(r->keep_row < 0 || !memcmp(ch.pool + r->keep_row * row_elems, p.pool32 + r->keep_row * row_elems,
+                                     row_elems * sizeof(float)),
+          "%s chunked [%s]: row %d, named only by an empty sequence, changed", r->what, d->name, r->keep_row);
+    CHECK(r_tok <= 1.0 && r_ch <= 1.0 && r_x <= 1.0 && r_pool <= 1.0,
+          "%s [%s]: out rows of the token kernel at %.3g and of the chunked form at %.3g of the bound, of each other "
+          "at %.3g of twice the bound; stored rows at %.3g",
+          r->what, d->name, r_tok, r_ch, r_x, r_pool);
+    printf("chunked [%s] %s: out %.3f (token kernel %.3f), chunked vs token %.3f, rows %.3f of the bound; token "
+           "%.3f s, chunked %.3f s (with sync and read-back)\n",
+           d->name, r->what, r_ch, r_tok, r_x, r_pool, t1 - t0, t2 - t1);
+done:
+    lmk_buffer_free(ws);
+    result_free(&tok), result_free(&ch), result_free(&ch2), result_free(&model);
+    dprob_free(&dp);
+    prob_free(&p);
+}
+
+/* On CUDA: a prompt, a varlen batch with every kind of sequence and slot, dk = dv = 64, and a batch of
+ * many sequences (a head's rows in two blocks of a cluster or in one, as the planner chooses by the
+ * items and the GPU's SMs: these shapes take both on a 132-SM GPU). */
+static void test_chunk_vs_token(tst_dev *d)
+{
+    if (!is_cuda(d))
+        return;
+    /* six sequences: row 1 named twice (the first one's outputs unspecified on CUDA), an empty one
+     * alone on row 2, a one-token padding sequence, short and long ones, a final chunk of 28 */
+    static const int32_t cu[7] = {0, 700, 700, 1500, 1501, 2600, 4100}, slots[6] = {1, 2, 0, -1, 1, 3};
+    const chunk_run runs[] = {
+        {"prompt bf16 block f32-pool", 4100, 128, LMK_REPEAT_BLOCK, LMK_BF16, LMK_F32, false, NULL, NULL, 1, 0, -1},
+        {"varlen f16 tiled bf16-pool-dk-fastest", 4100, 128, LMK_REPEAT_TILED, LMK_F16, LMK_BF16, true, cu, slots, 6,
+         700, 2},
+        {"prompt bf16 d=64", 1000, 64, LMK_REPEAT_BLOCK, LMK_BF16, LMK_F32, false, NULL, NULL, 1, 0, -1},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++)
+        chunk_vs_token(d, &runs[i]);
+    /* 44 sequences, empty ones, one-token ones, exact chunks and one past, most without a row (the
+     * pool has 4): 264 items, the head's rows in one block even on a 132-SM GPU */
+    static const uint32_t lens[7] = {0, 1, 150, 37, 64, 65, 3};
+    int32_t many[45] = {0};
+    for (int s = 0; s < 44; s++)
+        many[s + 1] = many[s] + (int32_t)lens[s % 7];
+    many[44] = 3000;
+    const chunk_run batch = {"44 sequences bf16 tiled f32-pool", 3000, 128, LMK_REPEAT_TILED, LMK_BF16, LMK_F32,
+                             false, many, NULL, 44, 0, -1};
+    chunk_vs_token(d, &batch);
+}
+
+/* One sequence of 65,536 tokens (LMK_TEST_QUICK: 8,192) through the chunked kernels: bf16 q/k/v, f32
+ * state, Hk = Hv = 1, dk = dv = 128, long memory (decays in (0.93, 1)): every output row and the
+ * final state within lmk.h's 4e-3 of the float64 model. */
+static void test_chunk_long(tst_dev *d)
+{
+    if (!is_cuda(d))
+        return;
+    const uint32_t T = tst_quick() ? 8192 : 65536;
+    prob p = prob_shape(T, 1, 1, 128, 128, 1, LMK_BF16, LMK_F32);
+    p.alog_lo = -4.0, p.alog_hi = -3.0, p.dt_lo = -2.0, p.dt_hi = -1.0;
+    dprob dp = {0};
+    result got = {0}, model = {0};
+    lmk_buffer *ws = NULL;
+    call_spec c = {.t0 = 0, .t1 = T};
+    if (!prob_make(&p, tst_case_seed()) || !dprob_make(d, &p, &dp) ||
+        !model_result(&p, RIGHT, &(trap){.n_seq = 1}, &model) || !(ws = workspace_for(d, &p, &dp, &c, NULL)))
+        goto done;
+    c.workspace = ws;
+    if (!TST_REQUIRE(call_range(d, &p, &dp, &c) == LMK_OK, "chunked long [%s]: %s", d->name, lmk_last_error()) ||
+        !result_read(&p, &dp, &got))
+        goto done;
+    const double r_out = out_ratio(&p, got.out, model.out, model.mag, 0, T, tol_of(&p));
+    const double r_state = pool_ratio(&p, got.pool, model.pool, 0, tol_of(&p));
+    CHECK(r_out <= 1.0 && r_state <= 1.0, "chunked long [%s] T=%u: out rows at %.3g, final state at %.3g of the bound",
+          d->name, T, r_out, r_state);
+    printf("chunked long [%s] T=%u bf16 hk=hv=1 dk=dv=128: worst out row %.3f, final state %.3f of the 4e-3 bound\n",
+           d->name, T, r_out, r_state);
+done:
+    lmk_buffer_free(ws);
+    result_free(&got), result_free(&model);
+    dprob_free(&dp);
+    prob_free(&p);
+}
+
+/* Hostile cu_seqlens and state_slots through the chunked kernels: sequences that overlap (each is
+ * clamped alone, so together they hold more chunks than the workspace's bound T/64 + n_seq),
+ * non-monotone and past-T offsets, wild slots: the call returns and writes nothing outside out and
+ * the rows an in-range slot names. */
+static void test_chunk_hostile(tst_dev *d)
+{
+    if (!is_cuda(d))
+        return;
+    prob p = prob_shape(640, 1, 2, 128, 128, 6, LMK_BF16, LMK_F32);
+    dprob dp = {0};
+    lmk_buffer *ws = NULL;
+    static const int32_t cu_over[6] = {0, 640, 0, 640, 0, 640}, sl_over[5] = {0, 1, 2, 3, 4};
+    static const int32_t cu_wild[6] = {0, 700, 130, -5, INT32_MAX, 640}, sl_wild[5] = {INT32_MIN, 5, -1, 6, 2};
+    static const int64_t cu_big[3] = {-((int64_t)1 << 40), 333, (int64_t)1 << 40}, sl_big[2] = {(int64_t)1 << 33, 1};
+    call_spec calls[] = {
+        {.t0 = 0, .t1 = 640, .cu = cu_over, .n_cu = 6, .slots = sl_over, .n_slots = 5},
+        {.t0 = 0, .t1 = 640, .cu = cu_wild, .n_cu = 6, .slots = sl_wild, .n_slots = 5},
+        {.t0 = 0, .t1 = 640, .cu = cu_big, .n_cu = 3, .slots = sl_big, .n_slots = 2, .cu_dtype = LMK_I64,
+         .slot_dtype = LMK_I64},
+    };
+    static const char *const whats[] = {"chunked, overlapping sequences past the chunk bound",
+                                        "chunked, non-monotone and past-T offsets, wild slots",
+                                        "chunked, i64 offsets and slots past 2^32"};
+    /* the largest n_seq's workspace serves the others (the query never decreases with n_seq) */
+    if (!prob_make(&p, tst_case_seed()) || !dprob_make(d, &p, &dp) ||
+        !(ws = workspace_for(d, &p, &dp, &calls[0], NULL)))
+        goto done;
+    for (int i = 0; i < 3; i++) {
+        calls[i].workspace = ws;
+        hostile_call(d, &p, &dp, &calls[i], whats[i]);
+    }
+done:
+    lmk_buffer_free(ws);
+    dprob_free(&dp);
+    prob_free(&p);
+}
+
+/* A call with workspace ws must fail with INVALID_ARGUMENT naming "workspace" and `want`, and write
+ * nothing: every operand's bytes, out's included, as they were. */
+static void expect_ws_reject(tst_dev *d, const prob *p, dprob *dp, call_spec c, lmk_buffer *ws, const char *want,
+                             const char *what)
+{
+    c.workspace = ws;
+    lmk_clear_error();
+    const lmk_status st = dprob_reset(dp) ? call_range(d, p, dp, &c) : LMK_ERR_DEVICE;
+    char msg[512], why[160] = "";
+    snprintf(msg, sizeof msg, "%s", lmk_last_error());
+    bool none[8] = {false};
+    bool same = untouched(p, dp, none, why, sizeof why);
+    unsigned char *o = read_parent(dp, DOUT);
+    same = same && o && !memcmp(o, dp->image[DOUT], 2 * dp->guard + dp->bytes[DOUT]);
+    free(o);
+    CHECK(st == LMK_ERR_INVALID_ARGUMENT && strstr(msg, "workspace") && strstr(msg, want) && same,
+          "workspace [%s] %s: want INVALID_ARGUMENT with \"%s\", got %s \"%s\"%s", d->name, what, want,
+          lmk_status_name(st), msg, same ? "" : ", and a byte changed");
+}
+
+/* The query: 0 on the CPU and for f32 inputs; on CUDA the chunked layout's bytes, never decreasing
+ * as T or n_seq grow. */
+static void workspace_query(tst_dev *d, const prob *p, dprob *dp)
+{
+    static const uint32_t Ts[] = {1, 63, 64, 65, 127, 128, 200, 256};
+    int32_t cu[9] = {0}; /* device data: the query reads only its length */
+    size_t prev_n[8] = {0};
+    bool mono = true, exact = true;
+    for (size_t n_seq = 1; n_seq <= 8; n_seq++) {
+        size_t prev_t = 0;
+        for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+            size_t bytes = 7;
+            const call_spec c = {.t0 = 0, .t1 = Ts[i], .cu = cu, .n_cu = n_seq + 1, .query = &bytes};
+            if (!TST_REQUIRE(call_range(d, p, dp, &c) == LMK_OK, "query [%s]: %s", d->name, lmk_last_error()))
+                return;
+            const size_t want = is_cuda(d) ? lmk_gdn_chunk_plan(Ts[i], n_seq, p->hk, p->hv, p->dk, p->dv).total : 0;
+            exact &= bytes == want && (want > 0) == is_cuda(d);
+            mono &= bytes >= prev_t && bytes >= prev_n[i];
+            prev_t = prev_n[i] = bytes;
+        }
+    }
+    CHECK(exact && mono, "workspace query [%s]: %s", d->name,
+          !exact ? "not the chunked layout's bytes (or not 0 on the CPU)" : "decreases as T or n_seq grows");
+}
+
+/* The workspace's rules on any device, in lmk.h's order, and the calls it allows. */
+static void test_workspace_rules(tst_dev *d)
+{
+    prob p = prob_shape(256, 1, 2, 128, 128, 8, LMK_BF16, LMK_F32);
+    prob pf = prob_shape(64, 1, 2, 128, 128, 1, LMK_F32, LMK_F32);
+    dprob dp = {0}, dpf = {0};
+    lmk_buffer *f32 = NULL, *strided = NULL, *other = NULL, *small = NULL, *big = NULL, *a_in = NULL, *fit = NULL;
+    result plain = {0}, moved = {0};
+    if (!prob_make(&p, tst_case_seed()) || !dprob_make(d, &p, &dp) || !prob_make(&pf, tst_case_seed()) ||
+        !dprob_make(d, &pf, &dpf))
+        goto done;
+    workspace_query(d, &p, &dp);
+    size_t need = 0, need_f32 = 7;
+    const call_spec c = {.t0 = 0, .t1 = p.T};
+    const call_spec cf = {.t0 = 0, .t1 = pf.T, .query = &need_f32};
+    if (!TST_REQUIRE(call_range(d, &pf, &dpf, &cf) == LMK_OK, "query f32 [%s]: %s", d->name, lmk_last_error()))
+        goto done;
+    CHECK(need_f32 == 0, "workspace query [%s]: %zu bytes for f32 inputs (the token kernel's calls need none)",
+          d->name, need_f32);
+    if (!(small = workspace_for(d, &p, &dp, &c, &need)))
+        goto done;
+    const size_t n1 = need + 64, s1[1] = {n1}, s_str[1] = {n1}, st2[1] = {2}, s_u8[1] = {2 * n1};
+    const size_t a_at = ((need + 3 + 255) & ~(size_t)255) + 256; /* a's view, past the odd-address workspace */
+    const size_t big_n = a_at + (size_t)p.T * p.hv * 4, sbig[1] = {big_n};
+    const size_t sa[2] = {p.T, p.hv}, sfit[1] = {need ? need : 1};
+    lmk_buffer *u8 = NULL;
+    if (!TST_REQUIRE(lmk_buffer_alloc(d->dev, n1 * 4, LMK_F32, s1, 1, &f32) == LMK_OK &&
+                         lmk_buffer_alloc(d->dev, 2 * n1, LMK_U8, s_u8, 1, &u8) == LMK_OK &&
+                         lmk_buffer_view_strided(u8, 0, LMK_U8, s_str, st2, 1, &strided) == LMK_OK &&
+                         lmk_buffer_alloc(g_other, n1, LMK_U8, s_str, 1, &other) == LMK_OK &&
+                         lmk_buffer_alloc(d->dev, big_n, LMK_U8, sbig, 1, &big) == LMK_OK &&
+                         lmk_buffer_view(big, a_at, LMK_F32, sa, 2, &a_in) == LMK_OK &&
+                         lmk_buffer_write(a_in, 0, p.a, (size_t)p.T * p.hv * 4) == LMK_OK &&
+                         lmk_buffer_view(big, 3, LMK_U8, sfit, 1, &fit) == LMK_OK,
+                     "workspace buffers [%s]: %s", d->name, lmk_last_error())) {
+        lmk_buffer_free(strided), lmk_buffer_free(u8);
+        strided = u8 = NULL;
+        goto done;
+    }
+    expect_ws_reject(d, &p, &dp, c, f32, "dense u8", "an f32 buffer");
+    expect_ws_reject(d, &p, &dp, c, strided, "dense u8", "a strided u8 view");
+    expect_ws_reject(d, &p, &dp, c, other, "not on the stream's device", "on another device");
+    if (need > 0) {
+        lmk_buffer *short_ws = NULL;
+        const size_t sshort[1] = {need - 1};
+        if (TST_REQUIRE(lmk_buffer_view(small, 0, LMK_U8, sshort, 1, &short_ws) == LMK_OK, "view: %s",
+                        lmk_last_error()))
+            expect_ws_reject(d, &p, &dp, c, short_ws, "needs at least", "one byte short");
+        lmk_buffer_free(short_ws);
+    }
+    call_spec ca = c;
+    ca.a_view = a_in;
+    expect_ws_reject(d, &p, &dp, ca, big, "overlaps a", "holding the a operand");
+    expect_ws_reject(d, &p, &dp, c, dp.parent[DPOOL], "overlaps state", "holding the state pool");
+    /* allowed: exactly the bytes asked for, at an odd address, next to a; the same bits as a
+     * workspace of its own */
+    ca.workspace = fit;
+    call_spec cs = c;
+    cs.workspace = small;
+    CHECK(dprob_reset(&dp) && call_range(d, &p, &dp, &cs) == LMK_OK && result_read(&p, &dp, &plain) &&
+              dprob_reset(&dp) && call_range(d, &p, &dp, &ca) == LMK_OK && result_read(&p, &dp, &moved) &&
+              !memcmp(plain.out, moved.out, (size_t)p.T * p.hv * p.dv * sizeof(float)) &&
+              !memcmp(plain.pool, moved.pool, (size_t)p.n_slots * p.hv * p.dk * p.dv * sizeof(float)),
+          "workspace [%s]: a workspace of exactly %zu bytes at an odd address must be accepted and give the same "
+          "bits (%s)",
+          d->name, need, lmk_last_error());
+    lmk_buffer_free(strided);
+    lmk_buffer_free(u8);
+    strided = NULL;
+    printf("workspace [%s]: query %zu bytes (T=%u, one sequence), every rule checked\n", d->name, need, p.T);
+done:
+    lmk_buffer_free(fit), lmk_buffer_free(a_in), lmk_buffer_free(big), lmk_buffer_free(other);
+    lmk_buffer_free(strided), lmk_buffer_free(f32), lmk_buffer_free(small);
+    result_free(&plain), result_free(&moved);
+    dprob_free(&dp), dprob_free(&dpf);
+    prob_free(&p), prob_free(&pf);
+}
+
+/* ------------------------------------------------------------------------------------------------
  * validation: every rule of lmk.h, in its order, with its message, nothing written
  * ---------------------------------------------------------------------------------------------- */
 
@@ -1275,6 +1642,14 @@ static void expect_reject(vset *v, const vcall *c, const char *want, const char 
           "validation (%s): want INVALID_ARGUMENT with \"%s\", got %s \"%s\"%s", how, want, lmk_status_name(st), msg,
           diff >= 0 ? " and a byte written" : "");
     free(now);
+    /* the workspace query validates exactly as the call: the same status and message, nothing out */
+    size_t bytes = 7;
+    lmk_clear_error();
+    const lmk_status sq =
+        lmk_gated_delta_rule_workspace(c->s, c->null_io ? NULL : &c->io, c->null_params ? NULL : &c->p, &bytes);
+    CHECK(sq == st && !strcmp(lmk_last_error(), msg) && bytes == 7,
+          "validation (%s): the workspace query gave %s \"%s\" (bytes %zu), the call %s \"%s\"", how,
+          lmk_status_name(sq), lmk_last_error(), bytes, lmk_status_name(st), msg);
 }
 
 /* The first rule of a later clause than rule i that changes none of the fields rule i changes. */
@@ -1323,6 +1698,13 @@ static void test_validation(lmk_device *cpu)
     }
     vcall c = valid_call(&v);
     expect_ok(&v, &c, "the valid call");
+    size_t bytes = 7;
+    lmk_status sq = lmk_gated_delta_rule_workspace(c.s, &c.io, &c.p, &bytes);
+    CHECK(sq == LMK_OK && bytes == 0, "validation: the workspace query on the CPU gave %s, %zu bytes (want 0)",
+          lmk_status_name(sq), bytes);
+    sq = lmk_gated_delta_rule_workspace(c.s, &c.io, &c.p, NULL);
+    CHECK(sq == LMK_ERR_INVALID_ARGUMENT && strstr(lmk_last_error(), "bytes must not be NULL"),
+          "validation: the workspace query with bytes NULL gave %s \"%s\"", lmk_status_name(sq), lmk_last_error());
     c.io.z = c.io.norm_w = NULL, c.p.norm.eps = 0.0f;
     expect_ok(&v, &c, "norm.eps 0 without z");
     c = valid_call(&v), c.p.scale = -0.25f, c.p.head_map = LMK_REPEAT_TILED, c.p.flags = LMK_GDN_NO_L2NORM;
@@ -1363,6 +1745,11 @@ int main(void)
         test_hostile(d, GUARD);
         test_hostile(d, 0);
         test_traps(d);
+        test_workspace_rules(d);
+        test_chunk_cases(d);
+        test_chunk_vs_token(d);
+        test_chunk_long(d);
+        test_chunk_hostile(d);
         if (!d->isa_variant) /* the capped CPU levels run the same orders; the long run takes seconds */
             test_long(d);
     }

@@ -16,13 +16,14 @@ about an argument's type are also TypeErrors).
 import sys
 
 from ._errors import LmkError, LmkTypeError
-from ._ops import (attn_prologue, build_info, causal_conv1d, devices, gated_delta_rule, has_attn_prologue,
-                   repeat_heads, rope, version)
+from ._api import attn_prologue, causal_conv1d, gated_delta_rule, repeat_heads, rope
+from ._ops import build_info, devices, gated_delta_rule_workspace, has_attn_prologue, version
 from ._lib import LIBRARY_PATH
 from ._compiled import HOST_PATH
 
 __version__ = version()
-__all__ = ["rope", "repeat_heads", "attn_prologue", "causal_conv1d", "gated_delta_rule", "has_attn_prologue",
+__all__ = ["rope", "repeat_heads", "attn_prologue", "causal_conv1d", "gated_delta_rule",
+           "gated_delta_rule_workspace", "has_attn_prologue",
            "version", "build_info", "devices", "LmkError", "LmkTypeError", "LIBRARY_PATH", "HOST_PATH"]
 
 if "torch" in sys.modules:

@@ -911,8 +911,8 @@ static PyObject *host_causal_conv1d(PyObject *self, PyObject *const *args, Py_ss
 /* ---- gated_delta_rule ---- */
 
 typedef struct {
-    const host_array *arr[13]; /* lmk_gdn_io's order: q, k, v, a, b, A_log, dt_bias, cu_seqlens, state_slots,
-                                  state, z, norm_w, out */
+    const host_array *arr[14]; /* lmk_gdn_io's order: q, k, v, a, b, A_log, dt_bias, cu_seqlens, state_slots,
+                                  state, z, norm_w, out, workspace */
     lmk_gdn_io io;
     lmk_gdn_params p;
 } gdn_op;
@@ -920,14 +920,14 @@ typedef struct {
 static int gdn_build(host_call *c, void *v)
 {
     gdn_op *o = v;
-    lmk_buffer *b[13];
-    for (int i = 0; i < 13; i++) /* A_log, dt_bias, cu_seqlens, state_slots, norm_w dense; state a pool */
-        if (!make_buffer(c, o->arr[i], (i >= 5 && i <= 8) || i == 11, i == 9, &b[i]))
+    lmk_buffer *b[14];
+    for (int i = 0; i < 14; i++) /* A_log, dt_bias, cu_seqlens, state_slots, norm_w, workspace dense; state a pool */
+        if (!make_buffer(c, o->arr[i], (i >= 5 && i <= 8) || i == 11 || i == 13, i == 9, &b[i]))
             return 0;
     lmk_gdn_io *io = &o->io;
     io->q = b[0], io->k = b[1], io->v = b[2], io->a = b[3], io->b = b[4], io->A_log = b[5], io->dt_bias = b[6];
     io->cu_seqlens = b[7], io->state_slots = b[8], io->state = b[9], io->z = b[10], io->norm_w = b[11];
-    io->out = b[12];
+    io->out = b[12], io->workspace = b[13];
     return 1;
 }
 
@@ -951,11 +951,11 @@ static int gdn_params(PyObject *const *a, lmk_gdn_params *p)
 }
 
 /* a: q, k, v, a, b, A_log, dt_bias, heads, scale, l2norm, cu_seqlens, state, state_slots, z, norm_w, eps,
- * weight_offset, out. */
+ * weight_offset, out, workspace. */
 static PyObject *gdn_call(host_call *c, PyObject *const *a)
 {
     gdn_op o;
-    host_array *x[13];
+    host_array *x[14];
     PyObject *out = a[17];
     if (!read3(c, a[0], 0, -1, -1, -1, &x[0]) || !x[0])
         return NULL;
@@ -970,7 +970,8 @@ static PyObject *gdn_call(host_call *c, PyObject *const *a)
         !(x[4] = read_array(c, a[4], 0, 0)) || !has_shape(x[4], 2, gate) || !read3(c, a[13], 0, T, Hv, dv, &x[10]))
         return NULL;
     if (!read_opt(c, a[5], 0, 0, &x[5]) || !read_opt(c, a[6], 0, 0, &x[6]) || !read_opt(c, a[14], 0, 0, &x[11]) ||
-        !read_opt(c, a[10], 0, 0, &x[7]) || !read_opt(c, a[12], 0, 0, &x[8]) || !read_opt(c, a[11], 0, 1, &x[9]))
+        !read_opt(c, a[10], 0, 0, &x[7]) || !read_opt(c, a[12], 0, 0, &x[8]) || !read_opt(c, a[11], 0, 1, &x[9]) ||
+        !read_opt(c, a[18], 0, 1, &x[13]))
         return NULL;
     const host_array *st = x[9];
     if ((st && (st->nd != 4 || st->shape[1] != Hv || st->shape[2] != dk || st->shape[3] != dv)) || T == 0)
@@ -979,7 +980,7 @@ static PyObject *gdn_call(host_call *c, PyObject *const *a)
         return NULL;
     if (!read3(c, out, 1, T, Hv, dv, &x[12]) || !x[12])
         return NULL;
-    for (int i = 0; i < 13; i++)
+    for (int i = 0; i < 14; i++)
         o.arr[i] = x[i];
     return finish(c, gdn_build, gdn_invoke, &o, result_of(out));
 }
@@ -989,7 +990,7 @@ static PyObject *host_gated_delta_rule(PyObject *self, PyObject *const *args, Py
     (void)self;
     host_call c;
     call_init(&c);
-    return done(&c, n == 18 && g.gated_delta_rule ? gdn_call(&c, args) : NULL);
+    return done(&c, n == 19 && g.gated_delta_rule ? gdn_call(&c, args) : NULL);
 }
 
 /* ---- the module ---- */
@@ -1080,7 +1081,7 @@ static PyMethodDef host_methods[] = {
      "causal_conv1d(x, weight, bias, activation, cu_seqlens, state, state_slots, out) -> out or NotImplemented"},
     {"gated_delta_rule", (PyCFunction)(void (*)(void))host_gated_delta_rule, METH_FASTCALL,
      "gated_delta_rule(q, k, v, a, b, A_log, dt_bias, heads, scale, l2norm, cu_seqlens, state, state_slots, z, "
-     "norm_w, eps, weight_offset, out) -> out or NotImplemented"},
+     "norm_w, eps, weight_offset, out, workspace) -> out or NotImplemented"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef host_module = {PyModuleDef_HEAD_INIT, "lmk._host",

@@ -5,8 +5,9 @@ the environment variable LMK_LIBRARY (development: a build directory's liblmk.so
 `pip install` put next to this file. Each declaration mirrors include/lmk.h (and include/lmk_cuda.h for
 lmk_stream_wrap_cuda, which exists only in CUDA builds). lmk_attn_prologue, lmk_causal_conv1d and
 lmk_gated_delta_rule are bound when the library has them and are None otherwise, so their entry points can
-say so instead of the import failing. The structs' field order and types are lmk.h's exactly (a test compiles
-lmk.h and compares every offset).
+say so instead of the import failing. The structs' field order and types, the enum values and the status names
+are lmk.h's exactly: python/tests/test_layout.py compiles a program against lmk.h and compares every struct
+(found here by the C name that opens its docstring), field, enumerator and copied macro.
 """
 import ctypes
 import os
@@ -90,7 +91,8 @@ class GdnIO(ctypes.Structure):
     """lmk_gdn_io: every pointer is an lmk_buffer * or NULL."""
     _fields_ = [("q", c_void_p), ("k", c_void_p), ("v", c_void_p), ("a", c_void_p), ("b", c_void_p),
                 ("A_log", c_void_p), ("dt_bias", c_void_p), ("cu_seqlens", c_void_p), ("state_slots", c_void_p),
-                ("state", c_void_p), ("z", c_void_p), ("norm_w", c_void_p), ("out", c_void_p)]
+                ("state", c_void_p), ("z", c_void_p), ("norm_w", c_void_p), ("out", c_void_p),
+                ("workspace", c_void_p)]
 
 
 class GdnParams(ctypes.Structure):
@@ -148,3 +150,6 @@ causal_conv1d = _declare("lmk_causal_conv1d", c_status,
                           ctypes.POINTER(CausalConv1dParams)], required=False)
 gated_delta_rule = _declare("lmk_gated_delta_rule", c_status,
                             [c_void_p, ctypes.POINTER(GdnIO), ctypes.POINTER(GdnParams)], required=False)
+gated_delta_rule_workspace = _declare("lmk_gated_delta_rule_workspace", c_status,
+                                      [c_void_p, ctypes.POINTER(GdnIO), ctypes.POINTER(GdnParams),
+                                       ctypes.POINTER(ctypes.c_size_t)], required=False)

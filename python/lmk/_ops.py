@@ -14,7 +14,8 @@ whose ops take T >= 1: there is nothing to compute and no state changes.
 Where the compiled host path is loaded (_compiled.py, _host.c), each entry point first offers the call to
 it: it runs the usual calls on NumPy arrays and torch tensors in C and returns NotImplemented for the rest,
 before writing anything, so what follows here is the path of every other call and the source of every
-argument error. The torch.compile hand-over comes first, because dynamo cannot trace into C.
+argument error. These are the eager functions: the public ones (_api.py) hand a call over to lmk.torch_ops
+while torch.compile traces it, and lmk.torch_ops' custom ops run these.
 """
 import ctypes
 import operator
@@ -32,24 +33,6 @@ _ACTIVATIONS = {"none": _lib.ACT_NONE, "silu": _lib.ACT_SILU}
 _NOT_NUMBERS = (str, bytes, bytearray)
 ROPE_KWARGS = ("rope_dim", "freq_base", "mode", "sections", "pairing", "freq_scale", "ext_factor", "attn_factor",
                "beta_fast", "beta_slow", "n_ctx_orig", "freq_factors")
-_torch_ops_error = None
-
-
-def _torch_forms(obj):
-    """lmk.torch_ops while torch.compile traces a call on torch tensors, else None: the ctypes path cannot
-    be traced, so the entry points then hand over to the allocating forms (torch.empty + torch.ops.lmk.*).
-    The first torch tensor seen imports lmk.torch_ops, which registers torch.ops.lmk.* (torch is imported
-    by then); the module comes from the import statement, which torch.compile also follows. A torch too old
-    for torch.library.custom_op keeps the eager path (`import lmk.torch_ops` then says why)."""
-    global _torch_ops_error
-    if _torch_ops_error is not None or _arrays.kind_of(obj) != "torch":
-        return None
-    try:
-        from . import torch_ops
-    except Exception as e:  # noqa: BLE001 - any failure to register leaves the eager path working
-        _torch_ops_error = e
-        return None
-    return torch_ops if torch_ops.is_compiling() else None
 
 
 def _choice(op, name, value, table):
@@ -145,7 +128,7 @@ def _expect(op, name, a, shape, what):
                                                                       _fmt(a.shape)))
 
 
-def _require(op, fn):
+def require(op, fn):
     if fn is None:
         raise LmkError("this liblmk has no %s (%s)" % (op, _lib.LIBRARY_PATH), "LMK_ERR_UNSUPPORTED")
 
@@ -200,12 +183,6 @@ def rope(q, positions, *, k=None, rope_dim=None, freq_base=10000.0, mode="neox",
     last axis has stride 1 (e.g. q of a [q | gate] projection); they are used in place, without copies.
     Returns q_out, or (q_out, k_out) with k.
     """
-    forms = _torch_forms(q)
-    if forms:
-        return forms.rope(q, positions, k=k, rope_dim=rope_dim, freq_base=freq_base, mode=mode, sections=sections,
-                          pairing=pairing, freq_scale=freq_scale, ext_factor=ext_factor, attn_factor=attn_factor,
-                          beta_fast=beta_fast, beta_slow=beta_slow, n_ctx_orig=n_ctx_orig,
-                          freq_factors=freq_factors, out=out, k_out=k_out)
     if _host is not None:
         r = _host.rope(q, positions, k, out, k_out, freq_factors, rope_dim, freq_base, mode, sections, pairing,
                        freq_scale, ext_factor, attn_factor, beta_fast, beta_slow, n_ctx_orig)
@@ -248,9 +225,6 @@ def repeat_heads(x, h, *, layout="tiled", out=None):
     repeat_interleave / repeat_kv). out: an array of shape [T, h, K] to write; None allocates one like x. x
     and out may be strided views whose last axis has stride 1.
     """
-    forms = _torch_forms(x)
-    if forms:
-        return forms.repeat_heads(x, h, layout=layout, out=out)
     if _host is not None:
         r = _host.repeat_heads(x, h, layout, out)
         if r is not NotImplemented:
@@ -304,12 +278,7 @@ def attn_prologue(q, k, positions, *, v=None, q_norm_w=None, k_norm_w=None, eps=
     itself, for in place) to get both. Returns (q_out, k_out or None).
     """
     op = "attn_prologue"
-    _require(op, _lib.attn_prologue)
-    forms = _torch_forms(q)
-    if forms:
-        return forms.attn_prologue(q, k, positions, v=v, q_norm_w=q_norm_w, k_norm_w=k_norm_w, eps=eps,
-                                   weight_offset=weight_offset, slots=slots, k_cache=k_cache, v_cache=v_cache,
-                                   k_scale=k_scale, v_scale=v_scale, q_out=q_out, k_out=k_out, **rope_kwargs)
+    require(op, _lib.attn_prologue)
     if _host is not None:
         r = _host.attn_prologue(q, k, positions, v, q_norm_w, k_norm_w, eps, weight_offset, slots, k_cache, v_cache,
                                 k_scale, v_scale, q_out, k_out, rope_kwargs)
@@ -392,11 +361,7 @@ def causal_conv1d(x, weight, *, bias=None, activation="silu", cu_seqlens=None, s
     None allocates one like x. Returns out.
     """
     op = "causal_conv1d"
-    _require(op, _lib.causal_conv1d)
-    forms = _torch_forms(x)
-    if forms:
-        return forms.causal_conv1d(x, weight, bias=bias, activation=activation, cu_seqlens=cu_seqlens,
-                                   state=state, state_slots=state_slots, out=out)
+    require(op, _lib.causal_conv1d)
     if _host is not None:
         r = _host.causal_conv1d(x, weight, bias, activation, cu_seqlens, state, state_slots, out)
         if r is not NotImplemented:
@@ -445,7 +410,7 @@ def _gdn_params(op, T, Hk, Hv, dk, dv, heads, scale, l2norm, eps, weight_offset)
 
 def gated_delta_rule(q, k, v, a, b, *, A_log=None, dt_bias=None, heads="block", scale=None, l2norm=True,
                      cu_seqlens=None, state=None, state_slots=None, z=None, norm_w=None, eps=1e-6,
-                     weight_offset=0.0, out=None):
+                     weight_offset=0.0, out=None, workspace=None):
     """The Gated DeltaNet recurrence by lmk_gated_delta_rule: gates, the L2 norm of q and k, the delta rule
     over the [dk, dv] state of each value head, and the gated RMS norm of the output, in one call
     (include/lmk.h "gated_delta_rule" has the formulas).
@@ -458,20 +423,68 @@ def gated_delta_rule(q, k, v, a, b, *, A_log=None, dt_bias=None, heads="block", 
     f32 or bf16, any strides (a dk-fastest pool is the view with its last two axes swapped), updated in
     place; None: zeros, nothing stored. z [T, Hv, dv] with norm_w [dv] (both or neither): out = rms_norm(o)
     * (norm_w + weight_offset) * silu(z), eps the norm's epsilon. out: an array [T, Hv, dv] of q's dtype to
-    write; None allocates one. Returns out.
+    write; None allocates one. workspace: a uint8 array on q's device of at least gated_delta_rule_workspace's
+    bytes, scratch for the chunked prefill (lmk.h "Workspace"); None: for torch tensors on a GPU, one is
+    allocated per call from torch's caching allocator where the call would use one (prompts); elsewhere none.
+    Returns out.
     """
     op = "gated_delta_rule"
-    _require(op, _lib.gated_delta_rule)
-    forms = _torch_forms(q)
-    if forms:
-        return forms.gated_delta_rule(q, k, v, a, b, A_log=A_log, dt_bias=dt_bias, heads=heads, scale=scale,
-                                      l2norm=l2norm, cu_seqlens=cu_seqlens, state=state, state_slots=state_slots,
-                                      z=z, norm_w=norm_w, eps=eps, weight_offset=weight_offset, out=out)
+    args = (q, k, v, a, b, A_log, dt_bias, heads, scale, l2norm, cu_seqlens, state, state_slots, z, norm_w, eps,
+            weight_offset)
+    if workspace is None and _arrays.kind_of(q) == "torch" and q.is_cuda and q.dim() == 3 and q.shape[0] >= 64:
+        if out is None and v.dim() == 3:
+            out = q.new_empty((q.shape[0], v.shape[1], v.shape[2]))
+        workspace = _auto_workspace(args, out)
     if _host is not None:
-        r = _host.gated_delta_rule(q, k, v, a, b, A_log, dt_bias, heads, scale, l2norm, cu_seqlens, state,
-                                   state_slots, z, norm_w, eps, weight_offset, out)
+        r = _host.gated_delta_rule(*args, out, workspace)
         if r is not NotImplemented:
             return r
+    return _gdn_ctypes(args, out, workspace, query=False)
+
+
+_WORKSPACE_BYTES = {}
+
+
+def _auto_workspace(args, out):
+    """A workspace from torch's caching allocator for a call on CUDA tensors, or None where the call uses none.
+    The byte count comes from lmk_gated_delta_rule_workspace and is kept per shape, so a shape seen before
+    costs no query."""
+    if _lib.gated_delta_rule_workspace is None:
+        return None
+    q, v, cu, state = args[0], args[2], args[10], args[11]
+    key = (tuple(q.shape), tuple(v.shape), q.dtype, None if cu is None else cu.numel(),
+           None if state is None else state.dtype, bool(args[9]), q.device.index)
+    n = _WORKSPACE_BYTES.get(key)
+    if n is None:
+        n = _gdn_ctypes(args, out, None, query=True)
+        if len(_WORKSPACE_BYTES) >= 256:
+            _WORKSPACE_BYTES.clear()
+        _WORKSPACE_BYTES[key] = n
+    if not n:
+        return None
+    import torch
+    return q.new_empty((n,), dtype=torch.uint8)
+
+
+def gated_delta_rule_workspace(q, k, v, a, b, *, A_log=None, dt_bias=None, heads="block", scale=None, l2norm=True,
+                               cu_seqlens=None, state=None, state_slots=None, z=None, norm_w=None, eps=1e-6,
+                               weight_offset=0.0, out=None):
+    """The bytes of workspace lmk.gated_delta_rule would use for these arguments (lmk_gated_delta_rule_workspace,
+    after the same checks): 0 where it uses none (the CPU, short prompts). The count depends only on T, the
+    number of sequences, the heads and dims and the dtypes, and never shrinks as T or the sequences grow, so
+    one workspace sized for the largest call serves every smaller one."""
+    op = "gated_delta_rule_workspace"
+    require(op, _lib.gated_delta_rule_workspace)
+    args = (q, k, v, a, b, A_log, dt_bias, heads, scale, l2norm, cu_seqlens, state, state_slots, z, norm_w, eps,
+            weight_offset)
+    return _gdn_ctypes(args, out, None, query=True)
+
+
+def _gdn_ctypes(args, out, workspace, query):
+    """gated_delta_rule through ctypes: the call (returns out), or with query its workspace bytes."""
+    (q, k, v, a, b, A_log, dt_bias, heads, scale, l2norm, cu_seqlens, state, state_slots, z, norm_w, eps,
+     weight_offset) = args
+    op = "gated_delta_rule_workspace" if query else "gated_delta_rule"
     with Call(op, q, "q") as call:
         qa, ka, va = call.read(q, "q"), call.read(k, "k"), call.read(v, "v")
         T, Hk, dk = _shape3(op, "q", qa)
@@ -497,8 +510,9 @@ def gated_delta_rule(q, k, v, a, b, *, A_log=None, dt_bias=None, heads="block", 
             out = _arrays.empty_like_shape(q, (T, Hv, dv))
         oa = call.read(out, "out", writable=True)
         _expect(op, "out", oa, (T, Hv, dv), "v's [T, Hv, dv]")
+        wa = _read_optional(call, workspace, "workspace", writable=True)
         if not T:
-            return out
+            return 0 if query else out
         io = _lib.GdnIO()
         io.q, io.k, io.v = call.buffer(qa), call.buffer(ka), call.buffer(va)
         io.a, io.b = [call.buffer(g) for g in gates]
@@ -507,6 +521,11 @@ def gated_delta_rule(q, k, v, a, b, *, A_log=None, dt_bias=None, heads="block", 
         io.state = _buffer_or_null(call, sta, pool=True)
         io.z = _buffer_or_null(call, za)
         io.out = call.buffer(oa)
+        io.workspace = _buffer_or_null(call, wa, dense=True)
+        if query:
+            n = ctypes.c_size_t()
+            call.run(_lib.gated_delta_rule_workspace, ctypes.byref(io), ctypes.byref(p), ctypes.byref(n))
+            return n.value
         call.run(_lib.gated_delta_rule, ctypes.byref(io), ctypes.byref(p))
     return out
 

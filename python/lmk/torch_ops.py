@@ -22,7 +22,7 @@ themselves while torch.compile traces.
                                 state_slots=None) -> None
     torch.ops.lmk.gated_delta_rule(q, k, v, a, b, out, A_log=None, dt_bias=None, heads="block", scale=None,
                                    l2norm=True, cu_seqlens=None, state=None, state_slots=None, z=None,
-                                   norm_w=None, eps=1e-6, weight_offset=0.0) -> None
+                                   norm_w=None, eps=1e-6, weight_offset=0.0, workspace=None) -> None
 
 The op schemas call the mode `rope_mode` (a custom-op argument named `mode` collides with torch.compile's
 dispatch-mode handlers); the Python functions keep lmk's `mode`. State pools may be strided views of the
@@ -145,22 +145,22 @@ def _causal_conv1d_fake(x, weight, out, bias=None, activation="silu", cu_seqlens
         _check_shape("causal_conv1d", "state", state, (state.shape[0], weight.shape[-1] - 1, x.shape[1]))
 
 
-@torch.library.custom_op("lmk::gated_delta_rule", mutates_args=("out", "state"))
+@torch.library.custom_op("lmk::gated_delta_rule", mutates_args=("out", "state", "workspace"))
 def _gated_delta_rule_op(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, out: Tensor,
                          A_log: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None, heads: str = "block",
                          scale: Optional[float] = None, l2norm: bool = True, cu_seqlens: Optional[Tensor] = None,
                          state: Optional[Tensor] = None, state_slots: Optional[Tensor] = None,
                          z: Optional[Tensor] = None, norm_w: Optional[Tensor] = None, eps: float = 1e-6,
-                         weight_offset: float = 0.0) -> None:
+                         weight_offset: float = 0.0, workspace: Optional[Tensor] = None) -> None:
     _ops.gated_delta_rule(q, k, v, a, b, A_log=A_log, dt_bias=dt_bias, heads=heads, scale=scale, l2norm=l2norm,
                           cu_seqlens=cu_seqlens, state=state, state_slots=state_slots, z=z, norm_w=norm_w, eps=eps,
-                          weight_offset=weight_offset, out=out)
+                          weight_offset=weight_offset, out=out, workspace=workspace)
 
 
 @_gated_delta_rule_op.register_fake
 def _gated_delta_rule_fake(q, k, v, a, b, out, A_log=None, dt_bias=None, heads="block", scale=None, l2norm=True,
                            cu_seqlens=None, state=None, state_slots=None, z=None, norm_w=None, eps=1e-6,
-                           weight_offset=0.0):
+                           weight_offset=0.0, workspace=None):
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
         _check3("gated_delta_rule", name, t)
     _check_shape("gated_delta_rule", "k", k, q.shape)
@@ -268,7 +268,7 @@ def causal_conv1d(x, weight, *, bias=None, activation="silu", cu_seqlens=None, s
 
 def gated_delta_rule(q, k, v, a, b, *, A_log=None, dt_bias=None, heads="block", scale=None, l2norm=True,
                      cu_seqlens=None, state=None, state_slots=None, z=None, norm_w=None, eps=1e-6,
-                     weight_offset=0.0, out=None):
+                     weight_offset=0.0, out=None, workspace=None):
     """lmk.gated_delta_rule through torch.ops.lmk.gated_delta_rule: returns out."""
     op = "gated_delta_rule"
     if out is None:
@@ -279,7 +279,7 @@ def gated_delta_rule(q, k, v, a, b, *, A_log=None, dt_bias=None, heads="block", 
                                    scale=None if scale is None else _num(op, "scale", scale),
                                    l2norm=_ops._bool(op, "l2norm", l2norm), cu_seqlens=cu_seqlens, state=state,
                                    state_slots=state_slots, z=z, norm_w=norm_w, eps=_num(op, "eps", eps),
-                                   weight_offset=_num(op, "weight_offset", weight_offset))
+                                   weight_offset=_num(op, "weight_offset", weight_offset), workspace=workspace)
     return out
 
 

@@ -672,3 +672,49 @@ def test_cuda_graph_capture_and_replay(rng):
         torch.cuda.synchronize()
         assert torch.equal(got, want)
         assert torch.equal(live["conv_state"], before["conv_state"]) and torch.equal(live["state"], before["state"])
+
+
+def test_gdn_workspace_query_and_rules(rng):
+    """lmk.gated_delta_rule_workspace validates like the call and answers 0 on the CPU; a workspace that is not
+    a uint8 array, or shares bytes with an operand, is refused and nothing is written."""
+    c = gdn_case(rng, 70, 2, 4, 16, 16, n_slots=1)
+    assert lmk.gated_delta_rule_workspace(c["q"], c["k"], c["v"], c["a"], c["b"], A_log=c["A_log"],
+                                          dt_bias=c["dt_bias"], state=c["state"]) == 0
+    with pytest.raises(lmk.LmkError, match="dt_bias"):
+        lmk.gated_delta_rule_workspace(c["q"], c["k"], c["v"], c["a"], c["b"], A_log=c["A_log"])
+    ref, st, cond = ref_gdn(c, state=c["state"].astype(np.float64))
+    check_gdn(run_gdn(c, workspace=np.zeros(64, np.uint8)), ref, "float32", cond)
+    out = np.full((70, 4, 16), np.nan, np.float32)
+    state0 = c["state"].copy()
+    with pytest.raises(lmk.LmkError, match="workspace"):
+        run_gdn(c, out=out, workspace=np.zeros(64, np.float32))
+    with pytest.raises(lmk.LmkError, match="workspace"):
+        run_gdn(c, out=out, workspace=out.view(np.uint8).reshape(-1))
+    assert np.isnan(out).all() and np.array_equal(c["state"], state0)
+
+
+@cuda_only
+@pytest.mark.parametrize("heads", ["block", "tiled"])
+def test_gdn_cuda_prompt_workspace(rng, heads):
+    """A prompt on the GPU: the automatic workspace, an explicit one, and the CPU's token-by-token form agree
+    within lmk.h's bf16 bound against the float64 reference, and the same call gives the same bits twice."""
+    torch = _torch()
+    T, Hk, Hv, dk, dv = 300, 2, 4, 128, 128
+    c = gdn_case(rng, T, Hk, Hv, dk, dv, n_slots=2)
+    t = to_torch(c, "cuda", torch.bfloat16)
+    cu = torch.tensor([0, 37, 37, T], device="cuda", dtype=torch.int32)   # one short, one empty, one long
+    slots = torch.tensor([0, 5, 1], device="cuda", dtype=torch.int32)    # 5: padding (the pool has 2 rows)
+    kw = dict(A_log=t["A_log"], dt_bias=t["dt_bias"], heads=heads, cu_seqlens=cu, state_slots=slots, z=t["z"],
+              norm_w=t["norm_w"])
+    n = lmk.gated_delta_rule_workspace(t["q"], t["k"], t["v"], t["a"], t["b"], state=t["state"], **kw)
+    outs, states = [], []
+    for ws in (None, torch.empty(n + 1, dtype=torch.uint8, device="cuda")):
+        st = t["state"].clone()
+        outs.append(lmk.gated_delta_rule(t["q"], t["k"], t["v"], t["a"], t["b"], state=st, workspace=ws, **kw))
+        states.append(st)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(states[0], states[1])
+    ref, st_ref, cond = gdn_ref(*(as64(t[n_]) for n_ in ("q", "k", "v", "a", "b")), A_log=c["A_log"],
+                                dt_bias=c["dt_bias"], heads=heads, cu_seqlens=[0, 37, 37, T], state=as64(t["state"]),
+                                state_slots=[0, 5, 1], z=as64(t["z"]), norm_w=as64(t["norm_w"]))
+    check_gdn(as64(outs[0]), ref, "bfloat16", cond)
+    check_state(as64(states[0]), st_ref, 4e-3)

@@ -41,9 +41,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { Q, K, V, A, B, A_LOG, DT_BIAS, CU, SLOTS, STATE, Z, NORM_W, OUT }; /* operands in tst_inst.arg */
+enum { Q, K, V, A, B, A_LOG, DT_BIAS, CU, SLOTS, STATE, Z, NORM_W, OUT, WS }; /* operands in tst_inst.arg */
 enum { QKV_ROW, QKV_DENSE };               /* q, k, v views of the conv output row, or each dense */
-enum { SEQ_ONE, SEQ_DECODE, SEQ_VARLEN };  /* cu_seqlens NULL; T sequences of 1 token; a varlen batch */
+enum { SEQ_ONE, SEQ_DECODE, SEQ_VARLEN, SEQ_EQUAL }; /* cu_seqlens NULL; T sequences of 1 token; a varlen
+                                                         batch; n_seq sequences of T / n_seq tokens */
 enum { SLOTS_NONE, SLOTS_SHUFFLED, SLOTS_PADDED };
 enum { STATE_DENSE, STATE_KFAST, STATE_NONE }; /* a pool dv fastest or dk fastest; no pool */
 
@@ -62,6 +63,8 @@ typedef struct gdn_case {
     bool z_strided;         /* z the second half of [T, Hv, 2*dv] rows */
     bool out_strided;       /* out inside rows of Hv*dv + OUT_PAD elements */
     bool pool_padded;       /* pool rows POOL_PAD elements longer than a row's state */
+    bool workspace;         /* the call gets a workspace of the chunked form's bytes (on CUDA: the
+                               chunked kernels, where they take the call) */
     uint32_t n_seq, n_slots;
     uint32_t pattern;       /* seeds the varlen lengths */
 } gdn_case;
@@ -91,6 +94,11 @@ static uint64_t splitmix(uint64_t *s)
 static void seq_lengths(const gdn_case *gc, uint32_t *len)
 {
     const uint32_t n = gc->n_seq, T = gc->p.seq_len;
+    if (gc->seqs == SEQ_EQUAL) {
+        for (uint32_t s = 0; s < n; s++)
+            len[s] = T / n + (s == n - 1 ? T % n : 0);
+        return;
+    }
     if (gc->seqs != SEQ_VARLEN) {
         for (uint32_t s = 0; s < n; s++)
             len[s] = gc->seqs == SEQ_ONE ? T : 1;
@@ -133,6 +141,7 @@ static bool has_row(const gdn_case *gc, uint32_t s)
 #define HF .p.head_map = LMK_REPEAT_BLOCK
 #define GGUF .state = STATE_KFAST
 #define DECODE(rows) .seqs = SEQ_DECODE, .slots = SLOTS_PADDED, .n_slots = (rows)
+#define CHUNKED .workspace = true
 
 typedef struct row {
     gdn_case c;
@@ -172,6 +181,29 @@ static const row k_rows[] = {
     {{SMALL(2, 8, 32, 64), HF, .seqs = SEQ_VARLEN, .n_seq = 4, .slots = SLOTS_PADDED, .n_slots = 5,
       .state = STATE_KFAST, .state_dtype = LMK_BF16, .p.flags = LMK_GDN_NO_L2NORM, .g_beta = true, .pattern = 11},
      19, LMK_BF16, 0, "edge: g and beta, bf16 dk-fastest state"},
+    /* The chunked form (a workspace given): one chunk, one more token, a short second chunk; every
+     * layout option; then prompts, varlen batches and the calls it leaves to the token kernel. */
+    {{QWEN35_27B, HF, CHUNKED, .n_slots = 1}, 64, LMK_BF16, 0, "Qwen3.5-27B prompt, chunked"},
+    {{QWEN35_27B, GGUF, CHUNKED, .n_slots = 2, .slots = SLOTS_SHUFFLED, .index_dtype = LMK_I64}, 65, LMK_BF16, 0,
+     "Qwen3.5-27B prompt, chunked, GGUF"},
+    {{QWEN3_NEXT, HF, CHUNKED, .n_slots = 1, .state_dtype = LMK_BF16, .z_strided = true, .out_strided = true,
+      .ab_packed = true, .gate_dtype = LMK_BF16, .w_dtype = LMK_BF16, .p.norm.weight_offset = 1.0f}, 127, LMK_F16, 0,
+     "Qwen3-Next prompt, chunked, f16, bf16 pool"},
+    {{QWEN3_NEXT, CHUNKED, .layout = QKV_DENSE, .no_z = true, .g_beta = true, .state = STATE_NONE,
+      .p.scale = 0.25f}, 130, LMK_BF16, 0, "Qwen3-Next, chunked, no z, g and beta, no state"},
+    {{SMALL(2, 4, 64, 64), HF, CHUNKED, .seqs = SEQ_VARLEN, .n_seq = 3, .slots = SLOTS_PADDED, .n_slots = 4,
+      .pattern = 5}, 200, LMK_BF16, 0, "edge: chunked at dk = dv = 64, varlen"},
+    {{QWEN3_NEXT, HF, CHUNKED, .p.flags = LMK_GDN_NO_L2NORM, .n_slots = 1}, 70, LMK_BF16, 0,
+     "Qwen3-Next, workspace, no L2 norm (the token kernel)"},
+    {{QWEN3_NEXT, HF, CHUNKED, .n_slots = 1}, 70, LMK_F32, 0, "Qwen3-Next, workspace, f32 (the token kernel)"},
+    {{QWEN35_27B, HF, CHUNKED, .n_slots = 1}, 4096, LMK_BF16, TST_CASE_FULL, "Qwen3.5-27B prompt, chunked"},
+    {{QWEN3_NEXT, GGUF, CHUNKED, .n_slots = 1, .state_dtype = LMK_BF16}, 4100, LMK_BF16, TST_CASE_FULL,
+     "Qwen3-Next prompt, chunked, GGUF"},
+    {{QWEN35_27B, HF, CHUNKED, .seqs = SEQ_VARLEN, .n_seq = 11, .slots = SLOTS_PADDED, .n_slots = 16,
+      .index_dtype = LMK_I64, .pattern = 9}, 1500, LMK_BF16, TST_CASE_FULL, "Qwen3.5-27B varlen batch, chunked"},
+    {{QWEN3_NEXT, CHUNKED, .seqs = SEQ_VARLEN, .n_seq = 6, .slots = SLOTS_SHUFFLED, .n_slots = 9,
+      .state = STATE_KFAST, .z_strided = true, .out_strided = true, .pattern = 21}, 2000, LMK_F16, TST_CASE_FULL,
+     "Qwen3-Next varlen batch, chunked, tiled"},
 };
 
 static int gdn_n_cases(void)
@@ -187,16 +219,17 @@ static void set_case(tst_case *c, const gdn_case *g, unsigned flags, const char 
     c->flags = flags;
     c->T = g->p.seq_len;
     c->dtype = g->dtype;
-    static const char *const seqs[] = {"one", "decode", "varlen"}, *const slots[] = {"row=s", "shuffled", "padded"},
+    static const char *const seqs[] = {"one", "decode", "varlen", "equal"},
+                             *const slots[] = {"row=s", "shuffled", "padded"},
                              *const layouts[] = {"", "-dk-fastest"};
     char state[96] = "state=none", extra[96];
     if (g->state != STATE_NONE)
         snprintf(state, sizeof state, "state=%s%s%s rows=%u/%s%s", lmk_dtype_name(g->state_dtype), layouts[g->state],
                  g->pool_padded ? "-padded" : "", g->n_slots, slots[g->slots],
                  g->index_dtype == LMK_I64 ? "/i64" : "");
-    snprintf(extra, sizeof extra, "%s%s%s%s%s", g->layout == QKV_ROW ? " qkv-row" : "", g->ab_packed ? " a|b" : "",
+    snprintf(extra, sizeof extra, "%s%s%s%s%s%s", g->layout == QKV_ROW ? " qkv-row" : "", g->ab_packed ? " a|b" : "",
              g->z_strided ? " z-strided" : "", g->out_strided ? " out-strided" : "",
-             g->p.scale != 0.0f ? " scale" : "");
+             g->p.scale != 0.0f ? " scale" : "", g->workspace ? " workspace" : "");
     tst_case_name(c, "gated_delta_rule hk=%u hv=%u dk=%u dv=%u T=%u %s seqs=%s/%u %s%s %s %s %s // %s",
                   g->p.n_k_heads, g->p.n_v_heads, g->p.k_dim, g->p.v_dim, g->p.seq_len, lmk_dtype_name(g->dtype),
                   seqs[g->seqs], g->n_seq, state, extra, g->p.head_map == LMK_REPEAT_BLOCK ? "block" : "tiled",
@@ -270,6 +303,7 @@ static void gdn_random_case(tst_rng *r, tst_case *c)
     g.out_strided = tst_rng_below(r, 2);
     g.pool_padded = tst_rng_below(r, 4) == 0;
     g.pattern = tst_rng_u32(r);
+    g.workspace = tst_rng_below(r, 4) == 0;
     const size_t per_token = 2 * (size_t)p->n_k_heads * p->k_dim + 2 * (size_t)p->n_v_heads * p->v_dim + OUT_PAD;
     const uint32_t t_max = (uint32_t)(32768 / per_token < 24 ? 32768 / per_token : 24);
     const uint32_t T = 1 + tst_rng_below(r, t_max);
@@ -286,24 +320,35 @@ static void gdn_random_case(tst_rng *r, tst_case *c)
 }
 
 #define BENCH_BATCHES 4
+#define BENCH_PROMPTS 4
 
 /* Qwen3.5/3.6-27B with an f32 state pool: at T = 1 decode steps of 1, 64, 256 and 512 sequences
- * (one token each, rows shuffled over a pool of as many rows); at larger T one sequence of T
- * tokens (a prompt), its state in a pool of one row. */
+ * (one token each, rows shuffled over a pool of as many rows). At larger T, prompts with the
+ * workspace (the chunked form on CUDA), allocated with the case, outside the timed calls: one
+ * sequence of T tokens of Qwen3.5-27B and of Qwen3.5-35B-A3B, four sequences of T / 4 tokens of
+ * Qwen3.5-27B; and one sequence of Qwen3.5-27B without a workspace (the token kernel). Their
+ * nominal work is 4 * T * Hv * dk * dv multiply-adds counted twice (the token form's). */
 static int gdn_bench_cases(uint32_t T, lmk_dtype dtype, bool longest, tst_case *out, int max)
 {
     (void)longest;
     static const uint32_t batches[BENCH_BATCHES] = {1, 64, 256, 512};
     int n = 0;
-    for (int i = 0; i < (T == 1 ? BENCH_BATCHES : 1) && n < max; i++) {
+    for (int i = 0; i < (T == 1 ? BENCH_BATCHES : BENCH_PROMPTS) && n < max; i++) {
         gdn_case g = {QWEN35_27B, HF};
         char model[64];
         if (T == 1) {
             g.seqs = SEQ_DECODE, g.slots = SLOTS_SHUFFLED, g.n_slots = batches[i];
             snprintf(model, sizeof model, "Qwen3.5-27B decode batch %u", batches[i]);
+        } else if (i == 1 && T >= 4) {
+            g.seqs = SEQ_EQUAL, g.n_seq = 4, g.slots = SLOTS_SHUFFLED, g.n_slots = 4, g.workspace = true;
+            snprintf(model, sizeof model, "Qwen3.5-27B 4 prompts");
         } else {
-            g.n_slots = 1;
-            snprintf(model, sizeof model, "Qwen3.5-27B prompt");
+            if (i == 2)
+                g.p = (lmk_gdn_params){.n_k_heads = 16, .n_v_heads = 32, .k_dim = 128, .v_dim = 128,
+                                       .head_map = LMK_REPEAT_BLOCK, .norm = {.eps = 1e-6f}};
+            g.n_slots = 1, g.workspace = i != 3;
+            snprintf(model, sizeof model, "%s prompt%s", i == 2 ? "Qwen3.5-35B-A3B" : "Qwen3.5-27B",
+                     i == 3 ? ", token kernel" : "");
         }
         complete(&g, T == 1 ? batches[i] : T, dtype);
         set_case(&out[n++], &g, 0, model);
@@ -438,6 +483,21 @@ static lmk_status setup_z_out(tst_inst *in)
     return st == LMK_OK ? view3(in, r, 0, g->dtype, T, hv, dv, s, true, &in->arg[OUT]) : st;
 }
 
+/* The workspace: a u8 view of the chunked form's bytes (lmk_gdn_chunk_plan, the size
+ * lmk_gated_delta_rule_workspace answers on CUDA), at least 1 byte (the CPU ignores it), an output
+ * the kernels may write anywhere in; the region's guards must hold. */
+static lmk_status setup_workspace(tst_inst *in)
+{
+    const gdn_case *g = P(&in->c);
+    const size_t n_seq = g->seqs == SEQ_ONE ? 1 : g->n_seq;
+    const lmk_gdn_chunk_layout l =
+        lmk_gdn_chunk_plan(g->p.seq_len, n_seq, g->p.n_k_heads, g->p.n_v_heads, g->p.k_dim, g->p.v_dim);
+    const size_t n[1] = {l.total ? l.total : 1}, s[1] = {1};
+    int r;
+    lmk_status st = region(in, n[0], false, &r);
+    return st == LMK_OK ? tst_mem_view_nd(&in->mem, r, TST_GUARD, LMK_U8, 1, n, s, true, &in->arg[WS]) : st;
+}
+
 static lmk_status gdn_setup(tst_inst *in)
 {
     const gdn_case *g = P(&in->c);
@@ -455,7 +515,9 @@ static lmk_status gdn_setup(tst_inst *in)
         st = dense(in, g->index_dtype, 1, 1, g->n_seq, false, &in->arg[SLOTS]);
     if (st == LMK_OK && g->state != STATE_NONE)
         st = setup_state(in);
-    return st == LMK_OK ? setup_z_out(in) : st;
+    if (st == LMK_OK)
+        st = setup_z_out(in);
+    return st == LMK_OK && g->workspace ? setup_workspace(in) : st;
 }
 
 /* ---- filling ---- */
@@ -552,7 +614,7 @@ static lmk_gdn_io io_of(const tst_inst *in)
     lmk_buffer *const *a = in->arg;
     return (lmk_gdn_io){.q = a[Q], .k = a[K], .v = a[V], .a = a[A], .b = a[B], .A_log = a[A_LOG],
                         .dt_bias = a[DT_BIAS], .cu_seqlens = a[CU], .state_slots = a[SLOTS], .state = a[STATE],
-                        .z = a[Z], .norm_w = a[NORM_W], .out = a[OUT]};
+                        .z = a[Z], .norm_w = a[NORM_W], .out = a[OUT], .workspace = a[WS]};
 }
 
 static lmk_status gdn_run(const tst_inst *in, lmk_stream *s)

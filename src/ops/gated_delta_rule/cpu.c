@@ -1,6 +1,7 @@
 /*
  * cpu.c - the CPU path of gated_delta_rule: lmk.h's token-by-token form (gates, L2 norm, the
- * delta-rule recurrence and the gated output norm) for every layout, dtype and sequence map.
+ * delta-rule recurrence and the gated output norm) for every layout, dtype and sequence map, and
+ * the driver of the chunked form that long sequences run (below; its kernels: cpu_chunk.c).
  *
  * Threads. lmk_cpu_share splits the value heads; a thread runs its heads through every sequence
  * of the call, sequences in order. Each (sequence, head) pair is computed by one thread from the
@@ -65,23 +66,36 @@
  * blocks of other widths (dv % 8 at the end; tiles narrower than 8 when dk is so large that 8
  * columns and a token's vectors would not fit the work area; neither axis contiguous).
  *
+ * Sequences of at least CHUNK_MIN tokens run the chunked form instead (cpu_chunk.h, cpu_chunk.c;
+ * docs/cpu.md "gated_delta_rule, chunked"): the same threads and order, the state in an f32 copy
+ * in the scratch from the sequence's start to its end (widened, then rounded once when it stores),
+ * chunks of CHUNK_TOKENS tokens whose gates, qn, kn and v rows this file prepares and whose o rows
+ * it norms; a chunk whose gates could make the UT solve unstable runs token by token on the copy.
+ * LMK_GDN_CHUNK=0 in the environment (read per call) keeps every sequence on the token form.
+ *
  * Memory: one work area of WORK_FLOATS floats (7 KB) per share holds the tile and the chunk, in the
- * share's block of the stream's scratch (lmk_cpu_scratch), not on the calling thread's stack;
+ * share's block of the stream's scratch (lmk_cpu_scratch), not on the calling thread's stack, and
+ * the chunked form's arrays follow it there;
  * vector helpers are separate functions at -O0 (LMK_CPU_STEP), so no frame holds their temporaries
  * many times over.
  */
 #include "cpu/bf16_simd.h"
 #include "cpu/cpu.h"
+#include "ops/gated_delta_rule/cpu_chunk.h"
 #include "ops/gated_delta_rule/gated_delta_rule.h"
 #include "ops/varlen.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 enum {
     WORK_FLOATS = 1792, /* the tile and a chunk's qn, kn and o rows: 7 KB */
     BLOCK_COLS = 8,     /* columns of a tile */
     MAX_COLS = 16,      /* columns of a block in place */
-    MAX_CHUNK = 32      /* tokens of a chunk at most */
+    MAX_CHUNK = 32,     /* tokens of a chunk at most */
+    CHUNK_TOKENS = 32,  /* tokens of a chunk of the chunked form, when its arrays fit */
+    CHUNK_MIN = 16,     /* sequences of at least this many tokens run chunked (docs/cpu.md) */
+    CHUNK_HEADS = 4     /* heads a sequence's chunks go through together, states in place */
 };
 
 /* What block-major does with a block's o rows (see the header): finish them (one block), write them
@@ -91,6 +105,8 @@ typedef enum o_mode { O_FULL, O_DIRECT, O_RAW, O_SUMSQ, O_NORMED } o_mode;
 /* One (sequence, value head) pass: what it reads and where it works. */
 typedef struct gdn_run {
     const lmk_gdn_args *a;
+    lmk_cpu_isa isa;
+    lmk_gdn_cpu_chunk *chunk;         /* a chunk's arrays, or NULL: every sequence runs token by token */
     int vec;                      /* AVX2 kernels (AVX2 and AVX-512 levels) */
     int avx512;                   /* the AVX-512 16-column kernel */
     size_t es, ses;               /* bytes per element of q/k/v/out and of the state */
@@ -138,20 +154,25 @@ static float siluf(float z)
     return z / (1.0f + expf(-z));
 }
 
-/* The chunk's token t: decay = exp(g) and beta. */
-static void gates(gdn_run *r, size_t t)
+/* Token tok's decay = exp(g) and beta. */
+static void gates_at(const gdn_run *r, size_t tok, float *decay, float *beta)
 {
     const lmk_gdn_args *a = r->a;
-    const size_t tok = r->t0 + t;
     const float av = ld(a->a_dtype, a->a, tok * a->a_tok + r->h);
     const float bv = ld(a->b_dtype, a->b, tok * a->b_tok + r->h);
     if (a->A_log) {
-        r->decay[t] = expf(r->neg_exp_A * softplusf(av + r->dt_bias));
-        r->beta[t] = 1.0f / (1.0f + expf(-bv));
+        *decay = expf(r->neg_exp_A * softplusf(av + r->dt_bias));
+        *beta = 1.0f / (1.0f + expf(-bv));
     } else {
-        r->decay[t] = expf(av);
-        r->beta[t] = bv;
+        *decay = expf(av);
+        *beta = bv;
     }
+}
+
+/* The chunk's token t. */
+static void gates(gdn_run *r, size_t t)
+{
+    gates_at(r, r->t0 + t, &r->decay[t], &r->beta[t]);
 }
 
 /* The factor a q or k row is multiplied by: scale / sqrt(sum of squares + 1e-6), or scale. */
@@ -1084,26 +1105,187 @@ static void partition(gdn_run *r, float *work, size_t W, size_t ow, int one)
     r->u = one ? r->kv + dv : NULL;
 }
 
-/* A state row that is f32 with dv contiguous and stored by this sequence is updated in place:
- * chunks of tokens, and for each block of columns (16, then 8, then the rest) the chunk's tokens
- * straight on the row's elements. */
-static void in_place(gdn_run *r)
+/* The tokens [lo, hi) on the f32 state whose element (i, j) is at S[i * rs + j * cs], updated in
+ * place: chunks of r->cap tokens, and for each block of columns (16, then 8 when cs is 1, then the
+ * rest) the chunk's tokens straight on S's elements. */
+static void tokens_on(gdn_run *r, float *S, size_t rs, size_t cs, size_t lo, size_t hi)
 {
     const lmk_gdn_args *a = r->a;
-    for (size_t t0 = r->lo; t0 < r->hi; t0 += r->n) {
-        prep_chunk(r, t0, r->hi - t0 < r->cap ? r->hi - t0 : r->cap);
+    for (size_t t0 = lo; t0 < hi; t0 += r->n) {
+        prep_chunk(r, t0, hi - t0 < r->cap ? hi - t0 : r->cap);
         for (size_t c0 = 0, w; c0 < a->dv; c0 += w) {
             const size_t left = a->dv - c0;
-            w = left >= MAX_COLS ? MAX_COLS : r->vec && a->s_v == 1 && left >= 8 ? 8 : left;
-            run_block(r, (float *)(void *)r->row + c0 * a->s_v, a->s_k, a->s_v, c0, w);
+            w = left >= MAX_COLS ? MAX_COLS : r->vec && cs == 1 && left >= 8 ? 8 : left;
+            run_block(r, S + c0 * cs, rs, cs, c0, w);
         }
         for (size_t t = 0; t < r->n; t++)
             finish_row(r, r->o + t * a->dv, t0 + t);
     }
 }
 
-/* Sequence [lo, hi) on value head h, its state row `slot` (-1: none). */
-static void run_head(gdn_run *r, float *work, size_t h, int64_t slot)
+/* A state row that is f32 with dv or dk contiguous and stored by this sequence is updated in
+ * place. */
+static void in_place(gdn_run *r)
+{
+    const lmk_gdn_args *a = r->a;
+    tokens_on(r, (float *)(void *)r->row, a->s_k, a->s_v, r->lo, r->hi);
+}
+
+/* ---- the chunked form (cpu_chunk.h) ---- */
+
+/* The state row (zeros without one) as the chunk's dense f32 S of dkp x dvp, padding zero. */
+static void load_state(const gdn_run *r, float *S, size_t dkp, size_t dvp)
+{
+    const lmk_gdn_args *a = r->a;
+    memset(S, 0, dkp * dvp * sizeof(float));
+    for (size_t i = 0; r->row && i < a->dk; i++) {
+        float *d = S + i * dvp;
+        if (a->state_dtype == LMK_F32 && a->s_v == 1)
+            memcpy(d, r->row + i * a->s_k * r->ses, a->dv * sizeof(float));
+        else
+            for (size_t j = 0; j < a->dv; j++)
+                d[j] = ld(a->state_dtype, r->row, i * a->s_k + j * a->s_v);
+    }
+}
+
+/* S back into the state row, rounded once to the pool's dtype. */
+static void store_state(const gdn_run *r, const float *S, size_t dvp)
+{
+    const lmk_gdn_args *a = r->a;
+    for (size_t i = 0; i < a->dk; i++) {
+        const float *d = S + i * dvp;
+        if (a->state_dtype == LMK_F32 && a->s_v == 1)
+            memcpy(r->row + i * a->s_k * r->ses, d, a->dv * sizeof(float));
+        else
+            for (size_t j = 0; j < a->dv; j++)
+                st(a->state_dtype, r->row, i * a->s_k + j * a->s_v, d[j]);
+    }
+}
+
+/* n floats of a row of the input dtype widened into dst, zeros up to `to`. */
+static void widen_row(const gdn_run *r, const unsigned char *x, float *dst, size_t n, size_t to)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = ld(r->a->dtype, x, i);
+    memset(dst + n, 0, (to - n) * sizeof(float));
+}
+
+/* The chunk's L tokens from t0 into c: gates, qn and kn rows, v rows. Returns whether the chunked form may run them: every decay in [0, 1] and every
+ * beta |kn|^2 in [0, 2], so that each token's update I - beta kn kn^T does not expand the state
+ * and (I + A)^{-1} stays as bounded as the token recurrence (without the L2 norm, or with g and
+ * beta given, that need not hold: FLA #537). NaN fails the test too, so such a chunk runs token
+ * by token and gives the token form's NaNs. */
+static int chunk_prep(gdn_run *r, lmk_gdn_cpu_chunk *c, size_t t0, size_t L)
+{
+    const lmk_gdn_args *a = r->a;
+    const size_t dk = a->dk;
+    int ok = 1;
+    for (size_t t = 0; t < L; t++) {
+        const size_t tok = t0 + t;
+        float *kn = c->kn + t * c->dkp, *qn = c->qn + t * c->dkp;
+        gates_at(r, tok, &c->decay[t], &c->beta[t]);
+        norm_row(r, q_row(r, tok), qn, a->scale);
+        norm_row(r, k_row(r, tok), kn, 1.0f);
+        memset(qn + dk, 0, (c->dkp - dk) * sizeof(float));
+        memset(kn + dk, 0, (c->dkp - dk) * sizeof(float));
+        widen_row(r, v_row(r, tok), c->vo + t * c->dvp, a->dv, c->dvp);
+        const float bk = c->beta[t] * sumsq(r, kn, dk);
+        ok &= c->decay[t] >= 0.0f && c->decay[t] <= 1.0f && bk >= 0.0f && bk <= 2.0f;
+    }
+    return ok;
+}
+
+/* The next chunk's rows, brought into the cache a few lines at a time while a chunk computes (its
+ * kernels call pf_tick once per block of rows): a burst of thousands of prefetches at once waits on
+ * the core's few line fill buffers about as long as the loads themselves would. A head's rows are
+ * a short run every token stride (kilobytes in a packed QKV buffer), which the hardware prefetchers
+ * do not follow. */
+typedef struct pf_cursor {
+    const gdn_run *r;
+    size_t tok, end; /* the tokens left to fetch */
+    int part;        /* of token tok: q, k, v, z, out */
+    size_t off;      /* bytes of that row fetched */
+    size_t per_tick; /* lines a tick fetches */
+} pf_cursor;
+
+enum { PF_PARTS = 5, PF_TICKS = 128 /* ticks a chunk gives at least (its kernels' blocks of rows) */ };
+
+/* Part `part` of token tok's rows and its length in bytes (0: none). */
+static const unsigned char *pf_row(const gdn_run *r, int part, size_t tok, size_t *bytes)
+{
+    const lmk_gdn_args *a = r->a;
+    switch (part) {
+    case 0: *bytes = a->dk * r->es; return q_row(r, tok);
+    case 1: *bytes = a->dk * r->es; return k_row(r, tok);
+    case 2: *bytes = a->dv * r->es; return v_row(r, tok);
+    case 3: *bytes = a->z ? a->dv * lmk_dtype_size(a->z_dtype) : 0; return a->z ? z_row(r, tok) : NULL;
+    default: *bytes = a->dv * r->es; return out_row(r, tok);
+    }
+}
+
+static void pf_tick(void *ctx)
+{
+    pf_cursor *p = ctx;
+    for (size_t n = p->per_tick; n > 0 && p->tok < p->end;) {
+        size_t bytes;
+        const unsigned char *row = pf_row(p->r, p->part, p->tok, &bytes);
+        if (p->off < bytes) {
+            if (p->part == PF_PARTS - 1)
+                __builtin_prefetch(row + p->off, 1, 3);
+            else
+                __builtin_prefetch(row + p->off, 0, 3);
+            p->off += 64, n--;
+            continue;
+        }
+        p->off = 0;
+        if (++p->part == PF_PARTS)
+            p->part = 0, p->tok++;
+    }
+}
+
+/* Points the cursor at the tokens [t0, t1), spread over PF_TICKS ticks. */
+static void pf_start(pf_cursor *p, size_t t0, size_t t1)
+{
+    const lmk_gdn_args *a = p->r->a;
+    const size_t zes = a->z ? lmk_dtype_size(a->z_dtype) : 0;
+    const size_t lines = (t1 - t0) * ((2 * a->dk + 2 * a->dv) * p->r->es + a->dv * zes + 63 * PF_PARTS) / 64;
+    p->tok = t0, p->end = t1, p->part = 0, p->off = 0, p->per_tick = lines / PF_TICKS + 1;
+}
+
+/* Tokens [t0, t0 + L) of the sequence (L = c->cap, or what is left) on r's head, its state at c->S
+ * (the next chunk's rows prefetched through pf): a chunk that chunk_prep refuses runs token by
+ * token on c->S (r's work area laid out for the token form). */
+static void chunk_step(gdn_run *r, lmk_gdn_cpu_chunk *c, pf_cursor *pf, size_t t0)
+{
+    const size_t L = r->hi - t0 < c->cap ? r->hi - t0 : c->cap;
+    const size_t next = t0 + L, next_end = r->hi - next < c->cap ? r->hi : next + c->cap;
+    pf->r = r;
+    pf_start(pf, next, next_end);
+    if (chunk_prep(r, c, t0, L)) {
+        lmk_gdn_cpu_chunk_run(r->isa, c, L);
+        for (size_t t = 0; t < L; t++)
+            finish_row(r, c->vo + t * c->dvp, t0 + t);
+    } else {
+        tokens_on(r, c->S, c->dvp, 1, t0, t0 + L);
+    }
+}
+
+/* The sequence on r's head in chunks of c->cap tokens from its start, the state in c->S (the
+ * share's scratch) from the row's load to its store. */
+static void chunked(gdn_run *r, lmk_gdn_cpu_chunk *c)
+{
+    pf_cursor pf = {.r = r};
+    c->tick = pf_tick, c->tick_ctx = &pf;
+    load_state(r, c->S, c->dkp, c->dvp);
+    for (size_t t0 = r->lo; t0 < r->hi; t0 += c->cap)
+        chunk_step(r, c, &pf, t0);
+    if (r->stores)
+        store_state(r, c->S, c->dvp);
+    c->tick = NULL;
+}
+
+/* Value head h of the current sequence, its state row `slot` (-1: none). */
+static void head_setup(gdn_run *r, size_t h, int64_t slot)
 {
     const lmk_gdn_args *a = r->a;
     r->h = h, r->kh = lmk_gdn_k_head(a, h);
@@ -1113,6 +1295,18 @@ static void run_head(gdn_run *r, float *work, size_t h, int64_t slot)
     }
     r->row = slot < 0 ? NULL : (unsigned char *)a->state + ((size_t)slot * a->s_slot + h * a->s_head) * r->ses;
     r->pc0 = 0, r->pcw = a->dv;
+}
+
+/* Sequence [lo, hi) on value head h, its state row `slot` (-1: none). */
+static void run_head(gdn_run *r, float *work, size_t h, int64_t slot)
+{
+    const lmk_gdn_args *a = r->a;
+    head_setup(r, h, slot);
+    if (r->chunk && r->hi - r->lo >= CHUNK_MIN) {
+        partition(r, work, 0, a->dv, 0);
+        chunked(r, r->chunk);
+        return;
+    }
     if (r->hi - r->lo == 1) {
         partition(r, work, 0, a->dv, 1);
         prep_chunk(r, r->lo, 1);
@@ -1139,10 +1333,24 @@ static void run_head(gdn_run *r, float *work, size_t h, int64_t slot)
 typedef struct gdn_job {
     const lmk_gdn_args *a;
     lmk_stream *s; /* its pool's scratch holds each share's work area */
+    lmk_cpu_isa isa;
     int vec, avx512;
+    int chunk; /* long sequences may run chunked (LMK_GDN_CHUNK is not "0") */
 } gdn_job;
 
+/* A share's scratch: the token form's work area, then a chunk's arrays (cpu_chunk.h). */
 _Static_assert(WORK_FLOATS * sizeof(float) <= LMK_CPU_SCRATCH, "the work area is a share's scratch");
+#define CHUNK_AREA_FLOATS (LMK_CPU_SCRATCH / sizeof(float) - WORK_FLOATS)
+
+/* The largest chunk (64, 32 or 16 tokens) whose arrays fit the share's scratch for these head
+ * dims, laid out in c; 0 when none does (then every sequence runs token by token). */
+static int chunk_fit(const lmk_gdn_args *a, float *area, lmk_gdn_cpu_chunk *c)
+{
+    for (size_t cap = CHUNK_TOKENS; cap >= 16; cap /= 2)
+        if (lmk_gdn_cpu_chunk_init(c, area, CHUNK_AREA_FLOATS, a->dk, a->dv, cap))
+            return 1;
+    return 0;
+}
 
 static void gdn_task(void *ctx, int tid, int n_threads)
 {
@@ -1153,7 +1361,10 @@ static void gdn_task(void *ctx, int tid, int n_threads)
     if (h0 >= h1)
         return;
     float *const work = lmk_cpu_scratch(j->s, tid); /* 64-byte aligned, off the calling thread's stack */
-    gdn_run r = {.a = a, .vec = j->vec, .avx512 = j->avx512, .es = lmk_dtype_size(a->dtype)};
+    gdn_run r = {.a = a, .isa = j->isa, .vec = j->vec, .avx512 = j->avx512, .es = lmk_dtype_size(a->dtype)};
+    lmk_gdn_cpu_chunk chunk;
+    if (j->chunk && chunk_fit(a, work + WORK_FLOATS, &chunk))
+        r.chunk = &chunk;
     r.ses = a->state ? lmk_dtype_size(a->state_dtype) : 0;
     for (size_t s = 0; s < a->n_seq; s++) {
         lmk_seq_bounds(a->cu_seqlens, a->cu_is64, s, a->T, &r.lo, &r.hi);
@@ -1173,7 +1384,12 @@ lmk_status lmk_cpu_gated_delta_rule(lmk_stream *s, const void *args)
 {
     const lmk_gdn_args *a = args;
     const lmk_cpu_isa isa = lmk_cpu_stream_isa(s);
-    gdn_job j = {.a = a, .s = s, .vec = LMK_CPU_X86 && isa >= LMK_CPU_AVX2, .avx512 = LMK_CPU_X86 && isa >= LMK_CPU_AVX512};
+    gdn_job j = {.a = a, .s = s, .isa = isa, .vec = LMK_CPU_X86 && isa >= LMK_CPU_AVX2,
+                 .avx512 = LMK_CPU_X86 && isa >= LMK_CPU_AVX512};
+    if (a->T >= CHUNK_MIN) { /* a sequence may be long enough: unless a test turned it off */
+        const char *env = getenv("LMK_GDN_CHUNK");
+        j.chunk = !(env && strcmp(env, "0") == 0);
+    }
     /* the bytes the call moves: inputs and outputs, and each sequence's state read and written */
     size_t bytes = a->T * (2 * a->Hk * a->dk + 2 * a->Hv * a->dv) * lmk_dtype_size(a->dtype);
     if (a->state)

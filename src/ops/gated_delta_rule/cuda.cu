@@ -4,6 +4,9 @@
  * the gated RMSNorm of the output, token by token, for sequences packed along T, each from its row
  * of the state pool (f32 or bf16, any strides) or zeros, in one kernel.
  *
+ * Prompts given a workspace run the chunked form instead, where it takes the call (cuda_chunk.cu,
+ * lmk_cuda_gdn_chunk_takes): this kernel is every other call's.
+ *
  * Work. A block owns one (sequence, value head) item and walks the sequence's tokens in order
  * (grid-stride over items: n_seq * Hv, any count). The recurrence is independent per column j of
  * the state (kv_j = sum_i S_ij kn_i, u_j = beta (v_j - kv_j), S_:j += kn u_j, o_j = sum_i S_ij
@@ -599,6 +602,11 @@ lmk_status lmk_cuda_gated_delta_rule(lmk_stream *s, const void *args)
                         "this GPU gives at most %d",
                         a->dk, a->dv, L.smem + sizeof(GdnShared), d->smem_optin);
     const cudaStream_t cs = lmk_cuda_stream_of(s);
+    int stages = 0, split = 0;
+    if (lmk_cuda_gdn_chunk_takes(a, d, &stages, &split)) {
+        const cudaError_t ec = lmk_cuda_gdn_chunk_launch(a, d, cs, stages, split);
+        return ec == cudaSuccess ? LMK_OK : lmk_cuda_fail(ec, "gated_delta_rule: chunked kernel launch");
+    }
     cudaError_t e;
     switch (a->dtype) {
     case LMK_F32: e = launch_dt<LMK_F32>(p, L, cs, d->pdl); break;
@@ -620,5 +628,6 @@ cudaError_t lmk_cuda_gated_delta_rule_preload(void)
     preload_dt<LMK_F32>(dyn_max, &first);
     preload_dt<LMK_BF16>(dyn_max, &first);
     preload_dt<LMK_F16>(dyn_max, &first);
-    return first;
+    const cudaError_t chunk = lmk_cuda_gdn_chunk_preload((size_t)optin);
+    return first != cudaSuccess ? first : chunk;
 }

@@ -1,6 +1,8 @@
 /*
  * op.c - validation and dispatch of lmk_gated_delta_rule: gates, L2 norm, the delta-rule recurrence
- * over a state pool and the gated output norm in one op (lmk.h, "gated_delta_rule").
+ * over a state pool and the gated output norm in one op (lmk.h, "gated_delta_rule"), and
+ * lmk_gated_delta_rule_workspace, the bytes of scratch its chunked form uses (the layout is
+ * lmk_gdn_chunk_plan's, shared with the CUDA kernels).
  *
  * Every rule is checked here, in lmk.h's order, before a backend sees the call, so a rejected call
  * never touches a buffer. cu_seqlens and state_slots are device data: only their dtype and length
@@ -219,7 +221,10 @@ static lmk_gdn_args make_args(const lmk_gdn_io *io, const lmk_gdn_params *p, con
     return a;
 }
 
-lmk_status lmk_gated_delta_rule(lmk_stream *s, const lmk_gdn_io *io, const lmk_gdn_params *p)
+/* Every rule of lmk.h but the workspace's, in its order; *a: the backend's arguments (workspace
+ * NULL), t and pool: the resolved operands. */
+static lmk_status validate(lmk_stream *s, const lmk_gdn_io *io, const lmk_gdn_params *p, lmk_gdn_args *a,
+                           lmk_tensor3 *t, lmk_pool *pool)
 {
     const void *req[] = {s, io, p};
     static const char *const req_names[] = {"stream", "io", "params"};
@@ -231,8 +236,6 @@ lmk_status lmk_gated_delta_rule(lmk_stream *s, const lmk_gdn_io *io, const lmk_g
     for (int i = 0; i < 6; i++)
         if (!bufs[i])
             return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: io->%s must not be NULL", k_op, buf_names[i]);
-    lmk_tensor3 t[N_OPS] = {{0}};
-    lmk_pool pool = {0};
     size_t n_seq = 0;
     lmk_status st = check_params(io, p);
     if (st == LMK_OK)
@@ -240,13 +243,77 @@ lmk_status lmk_gated_delta_rule(lmk_stream *s, const lmk_gdn_io *io, const lmk_g
     if (st == LMK_OK)
         st = check_dtypes(io);
     if (st == LMK_OK)
-        st = check_sequences(io, p, &n_seq, &pool);
+        st = check_sequences(io, p, &n_seq, pool);
     if (st == LMK_OK)
         st = check_devices(s->dev, io);
     if (st == LMK_OK)
-        st = check_overlaps(io, t, &pool);
-    if (st != LMK_OK)
-        return st;
-    const lmk_gdn_args a = make_args(io, p, t, &pool, n_seq);
-    return lmk_dispatch(s, LMK_OP_gated_delta_rule, k_op, &a);
+        st = check_overlaps(io, t, pool);
+    if (st == LMK_OK)
+        *a = make_args(io, p, t, pool, n_seq);
+    return st;
+}
+
+/* The workspace the call uses (lmk.h): the chunked form's layout on CUDA, for the dtypes and dims
+ * its kernels take; 0 elsewhere. Depends on T, n_seq, the heads, the dims and the dtypes only. */
+static size_t workspace_bytes(const lmk_stream *s, const lmk_gdn_args *a)
+{
+    if (s->dev->backend != LMK_BACKEND_CUDA || (a->dtype != LMK_BF16 && a->dtype != LMK_F16) || a->dk != a->dv ||
+        (a->dk != 64 && a->dk != 128))
+        return 0;
+    return lmk_gdn_chunk_plan(a->T, a->n_seq, a->Hk, a->Hv, a->dk, a->dv).total;
+}
+
+/* io->workspace: a dense u8 buffer on the stream's device, of at least `need` bytes, sharing no
+ * byte with any operand. */
+static lmk_status check_workspace(const lmk_stream *s, const lmk_gdn_io *io, const lmk_tensor3 *t,
+                                  const lmk_pool *pool, size_t need)
+{
+    const lmk_buffer *w = io->workspace;
+    if (w->dtype != LMK_U8 || !w->dense)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: workspace must be a dense u8 buffer (got %s%s)", k_op,
+                        lmk_dtype_name(w->dtype), w->dense ? "" : ", strided");
+    if (w->dev != s->dev)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: workspace is not on the stream's device (%s)", k_op,
+                        s->dev->name);
+    if (w->element_count < need)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT,
+                        "%s: workspace has %zu bytes, this call needs at least %zu (lmk_gated_delta_rule_workspace)",
+                        k_op, w->element_count, need);
+    const lmk_tensor3 ws = lmk_operand_flat(w);
+    for (int i = 0; i < N_OPS; i++)
+        if (t[i].data && lmk_tensor3_overlap(&ws, &t[i]))
+            return lmk_fail(LMK_ERR_INVALID_ARGUMENT,
+                            "%s: workspace overlaps %s (it must share no byte with any operand)", k_op, k_names[i]);
+    if (io->state && lmk_pool_overlaps(pool, &ws))
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT,
+                        "%s: workspace overlaps state (it must share no byte with any operand)", k_op);
+    return LMK_OK;
+}
+
+lmk_status lmk_gated_delta_rule(lmk_stream *s, const lmk_gdn_io *io, const lmk_gdn_params *p)
+{
+    lmk_tensor3 t[N_OPS] = {{0}};
+    lmk_pool pool = {0};
+    lmk_gdn_args a;
+    lmk_status st = validate(s, io, p, &a, t, &pool);
+    if (st == LMK_OK && io->workspace) {
+        const size_t need = workspace_bytes(s, &a);
+        st = check_workspace(s, io, t, &pool, need);
+        a.workspace = io->workspace->data, a.workspace_bytes = io->workspace->element_count;
+    }
+    return st == LMK_OK ? lmk_dispatch(s, LMK_OP_gated_delta_rule, k_op, &a) : st;
+}
+
+lmk_status lmk_gated_delta_rule_workspace(lmk_stream *s, const lmk_gdn_io *io, const lmk_gdn_params *p,
+                                          size_t *bytes)
+{
+    if (!bytes)
+        return lmk_fail(LMK_ERR_INVALID_ARGUMENT, "%s: bytes must not be NULL", k_op);
+    lmk_tensor3 t[N_OPS] = {{0}};
+    lmk_pool pool = {0};
+    lmk_gdn_args a;
+    const lmk_status st = validate(s, io, p, &a, t, &pool);
+    if (st == LMK_OK)
+        *bytes = workspace_bytes(s, &a);
+    return st;
 }
