@@ -106,7 +106,9 @@ static lmk_cpu_isa detect_hw_isa(void)
     return isa;
 }
 
-const char *lmk_cpu_simd_name(void)
+/* "scalar", "avx2" or "avx512": the best level that is both compiled in and supported by this
+ * CPU, i.e. what a CPU device uses when LMK_CPU_ISA does not cap it (lmk_build_info's simd=). */
+static const char *cpu_simd_name(void)
 {
     return isa_name(detect_hw_isa());
 }
@@ -135,6 +137,8 @@ lmk_cpu_isa lmk_cpu_stream_isa(const lmk_stream *s)
 
 /* ---- device ---- */
 
+static void cpu_name_device(lmk_device *dev);
+
 static lmk_status cpu_device_open(lmk_device *dev, int ordinal)
 {
     if (ordinal != 0)
@@ -145,11 +149,13 @@ static lmk_status cpu_device_open(lmk_device *dev, int ordinal)
         return lmk_fail(LMK_ERR_OUT_OF_MEMORY, "lmk_device_open: out of host memory");
     cd->isa = detect_isa();
     dev->impl = cd;
-    lmk_cpu_name_device(dev);
+    cpu_name_device(dev);
     return LMK_OK;
 }
 
-void lmk_cpu_name_device(lmk_device *dev)
+/* (Re)writes dev->name, "cpu (N threads, isa)", from dev->n_threads: at open and at
+ * lmk_device_set_threads (the table's device_threads_changed). */
+static void cpu_name_device(lmk_device *dev)
 {
     const cpu_device *cd = dev->impl;
     const int n = __atomic_load_n(&dev->n_threads, __ATOMIC_RELAXED);
@@ -553,14 +559,14 @@ static int cpu_device_count(void)
 
 static void cpu_build_detail(char *buf, size_t n)
 {
-    snprintf(buf, n, "simd=%s", lmk_cpu_simd_name());
+    snprintf(buf, n, "simd=%s", cpu_simd_name());
 }
 
 const lmk_backend_ops lmk_cpu_backend = {
     .device_count = cpu_device_count,
     .device_open = cpu_device_open,
     .device_close = cpu_device_close,
-    .device_threads_changed = lmk_cpu_name_device,
+    .device_threads_changed = cpu_name_device,
     .build_detail = cpu_build_detail,
     .mem_alloc = cpu_mem_alloc,
     .mem_free = cpu_mem_free,

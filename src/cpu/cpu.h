@@ -4,8 +4,9 @@
  * both ops use for outputs too large to be worth keeping in cache.
  *
  * Backend layout: backend.c (vtable, device, memory, streams and their pools); sincos.c (the
- * cos/sin tables of rope's angles, for lmk_rope and lmk_attn_prologue); bf16_simd.h (their
- * vector f32 -> bf16 narrowing); each op's CPU
+ * cos/sin tables of rope's angles, for lmk_rope and lmk_attn_prologue); bf16_simd.h (vector
+ * f32 -> bf16 narrowing); vec.h and vec_width.h (the vector layer of rope and attn_prologue: widen,
+ * narrow, rotate, sums, each written once per width); rope_angles.h (their angle tables); each op's CPU
  * path is src/ops/<op>/cpu.c. An op splits its work into n_threads deterministic shares (each output element is
  * computed by a fixed formula from the inputs alone, so the split never changes a result bit) and
  * hands one task function to lmk_cpu_parallel, which runs share 0 on the calling thread and the
@@ -92,14 +93,6 @@ void *lmk_cpu_shared_scratch(lmk_stream *s);
 
 /* The ISA level of the stream's device. */
 lmk_cpu_isa lmk_cpu_stream_isa(const lmk_stream *s);
-
-/* "scalar", "avx2" or "avx512": the best level that is both compiled in and supported by this
- * CPU, i.e. what a CPU device uses when LMK_CPU_ISA does not cap it (lmk_build_info's simd=). */
-const char *lmk_cpu_simd_name(void);
-
-/* (Re)writes dev->name, "cpu (N threads, isa)", from dev->n_threads: at open and at
- * lmk_device_set_threads. */
-void lmk_cpu_name_device(lmk_device *dev);
 
 /* The largest |theta| the vector levels of lmk_cpu_sincos reduce exactly; beyond it (i64
  * positions, freq_base < 1, an infinite or NaN angle) callers pass LMK_CPU_SCALAR. */

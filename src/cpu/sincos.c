@@ -29,7 +29,7 @@ static const double k_c1 = 4.16666666666666019037e-02, k_c2 = -1.388888888887410
 /* The steps of a vector (reduce, the two polynomials, place) are inlined when optimizing. At -O0
  * every inlined intrinsic keeps its vector temporaries in stack slots of their own (8.3 KB for
  * sincos_avx512 in one piece, which put attn_prologue over lmk.h's 16 KiB bound in a gcc -O0
- * build), so there they stay functions, as rope's PAIRS_KERNEL. Either way the operations, and so
+ * build), so there they stay functions, as cpu/vec.h's steps (LMK_CPU_STEP). Either way the operations, and so
  * the bits, are the same. */
 #ifdef __OPTIMIZE__
 #define POLY_KERNEL LMK_INLINE

@@ -7,8 +7,9 @@
  * rotated and stored to each of its destinations: q_out; k_out and the k cache row of the token's
  * slot (quantised to f8 from the f32 result when the cache is f8); v is copied (or quantised) to
  * its cache row. Arithmetic after the loads is f32 with no rounding between norm and rope, as lmk.h
- * promises; the angle is formed in double from rope_common.h's rules (the ones lmk_rope's paths
- * use) and m*cos / m*sin computed once per (token, pair) for all heads, rounded to f32 from double.
+ * promises; the angle is formed in double from src/ops/rope_math.h's rules (the ones lmk_rope's
+ * paths use) and m*cos / m*sin computed once per (token, pair) for all heads, rounded to f32 from
+ * double.
  *
  * Rows of up to FAST_DIM elements with rope_dim/2 <= CHUNK (every real model) take the row path.
  * Rows go in groups of ROW_GROUP heads: the group's sums of squares first (so that the norm
@@ -16,29 +17,29 @@
  * widened, scaled by r * (w + offset) and rotated in one pass: straight into its destination when
  * it has one in the input dtype (q_out; k with only k_out or only a same-dtype cache), else into
  * an f32 buffer narrowed once per destination (k with k_out and a cache of the input dtype is built
- * into one and its bits copied to the other). The steps have AVX-512 and AVX2 versions, chosen
- * at device open like lmk_rope's (lmk_cpu_stream_isa), and scalar ones for the scalar level and
- * LMK_CPU_PORTABLE builds. Split pairs (NEOX, MROPE, IMROPE, VISION: x[p], x[p + pair_stride])
- * rotate a vector of a's against a vector of b's; NORMAL's adjacent pairs rotate one vector of
- * both with cos/sin duplicated into lane pairs and the pair swapped in-lane; bf16 rows go 16 (AVX2)
- * or 32 (AVX-512) elements a step in even/odd order instead where their pair runs and gaps are
- * whole steps (build8_eo, build16_eo: one load, no shuffle, norm weights and split pairs' cos/sin
- * kept in that order). A row group's sums of squares and norm factors are
- * formed four rows at a time (their chains are latency). The vector narrowing
- * gives the bits of lmk_f32_to_bf16 (cpu/bf16_simd.h, shared with lmk_rope) / lmk_f32_to_f16
- * (NaN included) and of
- * lmk_f8e4m3_from_f32_bits (core/f8.h) on x * inv, the f32 product with the call's inverse scale
- * (lmk.h's f8 rule: one multiply, whatever the scale). Outputs of a large
- * call whose rows are whole, aligned cache lines are written with streaming stores, and the next
- * token's rows are prefetched while a token is computed. Rows larger than FAST_DIM or with more
- * pairs than CHUNK take an element-wise path (docs/cpu.md, "attn_prologue").
+ * into one and its bits copied to the other). The steps are written once over a vector width
+ * (cpu_vec.h, on cpu/vec.h's steps, which lmk_rope's kernels use too) and instantiated for AVX2
+ * and AVX-512, chosen at device open like lmk_rope's (lmk_cpu_stream_isa), with scalar ones for
+ * the scalar level and LMK_CPU_PORTABLE builds. Split pairs (NEOX, MROPE, IMROPE, VISION: x[p],
+ * x[p + pair_stride]) rotate a vector of a's against a vector of b's; NORMAL's adjacent pairs
+ * rotate one vector of both with cos/sin duplicated into lane pairs and the pair swapped in-lane;
+ * bf16 rows go two vectors' worth of elements (16 on AVX2, 32 on AVX-512) a step in even/odd order
+ * instead where their pair runs and gaps are whole steps (build_eo: one load, no shuffle, norm
+ * weights and split pairs' cos/sin kept in that order). A row group's sums of squares and norm
+ * factors are formed four rows at a time (their chains are latency). The vector narrowing gives
+ * the bits of lmk_f32_to_bf16 / lmk_f32_to_f16 (NaN included) and of lmk_f8e4m3_from_f32_bits
+ * (core/f8.h) on x * inv, the f32 product with the call's inverse scale (lmk.h's f8 rule: one
+ * multiply, whatever the scale). Outputs of a large call whose rows are whole, aligned cache lines
+ * are written with streaming stores, and the next token's rows are prefetched while a token is
+ * computed. Rows larger than FAST_DIM or with more pairs than CHUNK take an element-wise path
+ * (docs/cpu.md, "attn_prologue").
  *
- * Angles: lmk_rope's own tables (src/ops/rope/rope_cpu.h: the factors, and lmk_cpu_sincos's
- * vector polynomials while every |theta| <= LMK_CPU_SINCOS_VECTOR_MAX), so at a given level both
- * ops give a (token, pair) the same m*cos and m*sin. On the row path the token's thetas go into the
- * row buffer (free between tokens, so no stack grows); the element-wise path (no buffer), the
- * scalar level and angles beyond the bound use libm, whose cos/sin would be about a third of a
- * token's time (docs/cpu.md, "Angles: lmk_cpu_sincos").
+ * Angles: lmk_rope's own tables (src/cpu/rope_angles.h: the factors, and lmk_cpu_sincos's vector
+ * polynomials while every |theta| <= LMK_CPU_SINCOS_VECTOR_MAX), so at a given level both ops give
+ * a (token, pair) the same m*cos and m*sin. On the row path the token's thetas go into the row
+ * buffer (free between tokens, so no stack grows); the element-wise path (no buffer), the scalar
+ * level and angles beyond the bound use libm, whose cos/sin would be about a third of a token's
+ * time (docs/cpu.md, "Angles: lmk_cpu_sincos").
  *
  * Memory is fixed: per-pair tables for CHUNK pairs (larger rope_dim is processed chunk by chunk)
  * and on the row path one row and a buffer of the widened norm weights (q's and k's together, or
@@ -46,14 +47,13 @@
  * (ap_scratch), so that the stack of the calling thread, which runs share 0, holds only frames and
  * norm factors for CHUNK rows: lmk.h's 16 KiB bound with a margin (tests/test_small_stack.c:
  * 3-5 KB at -O2 with gcc and clang; at -O0, where every vector temporary of a function has a stack
- * slot of its own, 8 KB with gcc and 14 KB with clang on AVX-512, the steps below being functions
- * of their own there, STEP_KERNEL).
+ * slot of its own, 8 KB with gcc and 14 KB with clang on AVX-512, the vector steps being functions
+ * of their own there, LMK_CPU_STEP).
  */
-#include "cpu/bf16_simd.h"
 #include "cpu/cpu.h"
+#include "cpu/rope_angles.h"
+#include "cpu/vec.h"
 #include "ops/attn_prologue/attn_prologue.h"
-#include "ops/rope/rope_common.h"
-#include "ops/rope/rope_cpu.h"
 
 #include <math.h>
 
@@ -107,7 +107,7 @@ typedef struct ap_job {
                                    * may store straight to a row's only destination (TO_DEST) */
     bool eo;                      /* bf16, direct_ok, every pair run and gap whole blocks of 16
                                    * (AVX2) or 32 (AVX-512): rows, norm weights and split pairs'
-                                   * cos/sin in even/odd order (build8_eo, build16_eo) */
+                                   * cos/sin in even/odd order (build_eo) */
     int nt_q, nt_k, nt_kc, nt_vc; /* q_out, k_out, k cache, v cache */
     const uint64_t *twice;        /* duplicate slots: buckets named by two or more tokens (dup_scan),
                                    * NULL when every cached slot's bucket has one token */
@@ -137,21 +137,11 @@ LMK_INLINE float ld(lmk_dtype dt, const void *p, size_t i)
     return lmk_f16_to_f32(h);
 }
 
-/* lmk_f32_to_bf16, inline: nearest even, NaN kept quiet with its sign. */
-LMK_INLINE uint16_t to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x0040u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 LMK_INLINE void st(const row_dest *d, size_t i, float v)
 {
     switch (d->dt) {
     case LMK_F32: ((float *)(void *)d->p)[i] = v; break;
-    case LMK_BF16: ((uint16_t *)(void *)d->p)[i] = to_bf16(v); break;
+    case LMK_BF16: ((uint16_t *)(void *)d->p)[i] = lmk_cpu_bf16_of(v); break;
     case LMK_F16: ((uint16_t *)(void *)d->p)[i] = lmk_f32_to_f16(v); break;
     default: d->p[i] = lmk_f32_to_f8e4m3(v * d->inv); break;
     }
@@ -159,14 +149,14 @@ LMK_INLINE void st(const row_dest *d, size_t i, float v)
 
 /* ---- per-pair tables ---- */
 
-/* freq and axis of pairs [p0, p0 + n), and their max |freq|: lmk_rope's (rope_cpu.h). */
+/* freq and axis of pairs [p0, p0 + n), and their max |freq|: lmk_rope's rule (cpu/rope_angles.h). */
 static void fill_freqs(const lmk_rope_angle *g, ap_table *tb, uint32_t p0, uint32_t n)
 {
     tb->max_freq = lmk_rope_cpu_freqs(g, p0, n, tb->axis, tb->freq);
 }
 
-/* m*cos and m*sin of each pair for one token: lmk_rope's tables (rope_cpu.h), with the row buffer
- * b as their scratch on the row path; without one (the element-wise path), libm. */
+/* m*cos and m*sin of each pair for one token: lmk_rope's tables (cpu/rope_angles.h), with the row
+ * buffer b as their scratch on the row path; without one (the element-wise path), libm. */
 LMK_INLINE void fill_angles(lmk_cpu_isa isa, const lmk_rope_angle *g, ap_table *tb, uint32_t n, size_t token,
                             ap_buf *b)
 {
@@ -417,14 +407,15 @@ static void do_token(const ap_job *jb, ap_table *tb, bool freqs_cached, size_t t
 
 /* ---- the row path: steps ----
  *
- * Each ISA level provides the same steps: the sum of squares of an input row; build, which reads
- * the row once, scales it by r * (w + offset) and rotates its pairs, storing the results either
- * into an f32 row buffer x or, when the row has one destination in the input dtype and no element
- * must stay a bit copy, narrowed straight into that destination (TO_DEST); narrow, which stores a
- * range of x to a destination; and widen (v to an f8 cache). Without a norm r and the weights are
- * 1, so x * r * w is x exactly. The per-element formulas are the same at every level; the sum of
- * squares (double on the scalar level, f32 partial sums on the vector ones) and the FMA
- * contraction of the rotation differ, within lmk.h's contract. */
+ * Each ISA level provides the same steps (the scalar ones here, the two vector levels' from one
+ * body, cpu_vec.h): the sum of squares of an input row; build, which reads the row once, scales it
+ * by r * (w + offset) and rotates its pairs, storing the results either into an f32 row buffer x
+ * or, when the row has one destination in the input dtype and no element must stay a bit copy,
+ * narrowed straight into that destination (TO_DEST); narrow, which stores a range of x to a
+ * destination; and widen (v to an f8 cache). Without a norm r and the weights are 1, so x * r * w
+ * is x exactly. The per-element formulas are the same at every level; the sum of squares (double
+ * on the scalar level, f32 partial sums on the vector ones) and the FMA contraction of the
+ * rotation differ, within lmk.h's contract. */
 
 static double sumsq_scalar(lmk_dtype dt, const unsigned char *in, size_t i0, size_t n)
 {
@@ -492,7 +483,7 @@ static void narrow_scalar(const row_dest *d, const float *x, size_t lo, size_t h
     case LMK_BF16: {
         uint16_t *o = (uint16_t *)(void *)d->p;
         for (size_t i = lo; i < hi; i++)
-            o[i] = to_bf16(x[i]);
+            o[i] = lmk_cpu_bf16_of(x[i]);
         break;
     }
     case LMK_F16: {
@@ -513,15 +504,6 @@ static void narrow_scalar(const row_dest *d, const float *x, size_t lo, size_t h
 enum { TO_X = 0, TO_DEST = 1, TO_DEST_NT = 2 };
 
 #if LMK_CPU_X86
-/* The dtype loops below are inlined into each instantiation when optimizing. At -O0 nothing is
- * folded and each inlined copy would keep its vector temporaries in stack slots of its own (as in
- * lmk_rope's CPU path), so there they stay functions and the stack bound holds. */
-#ifdef __OPTIMIZE__
-#define STEP_KERNEL LMK_INLINE
-#else
-#define STEP_KERNEL static
-#endif
-
 /* An f32 sum of squares is as good as the double one unless a square or a partial sum overflowed
  * (inf, or NaN from an inf input: the double sum is then inf or NaN as well, so nothing is lost
  * by recomputing) or the sum is below 2^-80, where squares under f32's normal range (< 2^-126,
@@ -529,473 +511,6 @@ enum { TO_X = 0, TO_DEST = 1, TO_DEST_NT = 2 };
 LMK_INLINE bool sum_ok(double ss)
 {
     return ss >= 0x1p-80 && ss < HUGE_VAL;
-}
-
-/* ---- AVX-512 ---- */
-
-STEP_KERNEL LMK_TARGET_AVX512 __m512 load16(lmk_dtype dt, const unsigned char *p)
-{
-    if (dt == LMK_F32)
-        return _mm512_loadu_ps(p);
-    const __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)p);
-    if (dt == LMK_BF16)
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    return _mm512_cvtph_ps(h);
-}
-
-/* The sum of squares in f32, 32 lanes of partial sums: each sums head_dim/32 squares (4 on a
- * 128-element row), so the relative error stays near f32's rounding unit, far inside lmk.h's
- * contract. */
-STEP_KERNEL LMK_TARGET_AVX512 double sumsq16_f32(lmk_dtype dt, const unsigned char *in, size_t n)
-{
-    const size_t es = dt == LMK_F32 ? 4 : 2;
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-    size_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        const __m512 v0 = load16(dt, in + i * es), v1 = load16(dt, in + (i + 16) * es);
-        s0 = _mm512_fmadd_ps(v0, v0, s0);
-        s1 = _mm512_fmadd_ps(v1, v1, s1);
-    }
-    if (i + 16 <= n) {
-        const __m512 v = load16(dt, in + i * es);
-        s0 = _mm512_fmadd_ps(v, v, s0);
-        i += 16;
-    }
-    return (double)_mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) + sumsq_scalar(dt, in, i, n);
-}
-
-/* sumsq16_f32 of four rows at once (row r at in + r * stride bytes), each row's partial sums and
- * their reduction in sumsq16_f32's order, so the same bits; the four rows' FMA chains are in
- * flight together (one row's few dependent FMAs and its reduction are mostly latency). */
-STEP_KERNEL LMK_TARGET_AVX512 void sumsq16x4_f32(lmk_dtype dt, const unsigned char *in, size_t stride, size_t n,
-                                                 double *ss)
-{
-    const size_t es = dt == LMK_F32 ? 4 : 2;
-    __m512 s0[4], s1[4];
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; r++)
-        s0[r] = s1[r] = _mm512_setzero_ps();
-    size_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
-            const __m512 v0 = load16(dt, in + r * stride + i * es), v1 = load16(dt, in + r * stride + (i + 16) * es);
-            s0[r] = _mm512_fmadd_ps(v0, v0, s0[r]);
-            s1[r] = _mm512_fmadd_ps(v1, v1, s1[r]);
-        }
-    }
-    if (i + 16 <= n) {
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
-            const __m512 v = load16(dt, in + r * stride + i * es);
-            s0[r] = _mm512_fmadd_ps(v, v, s0[r]);
-        }
-        i += 16;
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; r++)
-        ss[r] = (double)_mm512_reduce_add_ps(_mm512_add_ps(s0[r], s1[r])) + sumsq_scalar(dt, in + r * stride, i, n);
-}
-
-/* The same in double, for rows whose f32 sum overflowed or is so small that squares below f32's
- * normal range may have been lost (sum_ok). */
-STEP_KERNEL LMK_TARGET_AVX512 double sumsq16_f64(lmk_dtype dt, const unsigned char *in, size_t n)
-{
-    const size_t es = dt == LMK_F32 ? 4 : 2;
-    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512 v = load16(dt, in + i * es);
-        const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
-        const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-        s0 = _mm512_fmadd_pd(lo, lo, s0);
-        s1 = _mm512_fmadd_pd(hi, hi, s1);
-    }
-    return _mm512_reduce_add_pd(_mm512_add_pd(s0, s1)) + sumsq_scalar(dt, in, i, n);
-}
-
-/* The sums of squares of nr rows (row r at in + r * stride bytes): four at a time, the rest one by
- * one, each recomputed in double where sum_ok rejects its f32 sum. */
-LMK_TARGET_AVX512 static void sumsq16_rows(lmk_dtype dt, const unsigned char *in, size_t stride, size_t nr, size_t n,
-                                           double *ss)
-{
-    size_t r = 0;
-    for (; r + 4 <= nr; r += 4) {
-        if (dt == LMK_F32)
-            sumsq16x4_f32(LMK_F32, in + r * stride, stride, n, ss + r);
-        else if (dt == LMK_BF16)
-            sumsq16x4_f32(LMK_BF16, in + r * stride, stride, n, ss + r);
-        else
-            sumsq16x4_f32(LMK_F16, in + r * stride, stride, n, ss + r);
-    }
-    for (; r < nr; r++)
-        ss[r] = dt == LMK_F32    ? sumsq16_f32(LMK_F32, in + r * stride, n)
-                : dt == LMK_BF16 ? sumsq16_f32(LMK_BF16, in + r * stride, n)
-                                 : sumsq16_f32(LMK_F16, in + r * stride, n);
-    for (r = 0; r < nr; r++)
-        if (!sum_ok(ss[r]))
-            ss[r] = dt == LMK_F32    ? sumsq16_f64(LMK_F32, in + r * stride, n)
-                    : dt == LMK_BF16 ? sumsq16_f64(LMK_BF16, in + r * stride, n)
-                                     : sumsq16_f64(LMK_F16, in + r * stride, n);
-}
-
-/* 16 f8 codes, lane by lane lmk_f8e4m3_from_f32_bits (core/f8.h): normal E4M3 values by the same
- * integer rounding on the bits ((r >> 20) - 960 is ((r >> 23) - 120) << 3 | (r >> 20) & 7, and
- * the min saturates everything from 464 up, infinity included); below 2^-6, round-to-nearest-even
- * of |x| * 2^9, exact since 2^9 is a power of two, which is the scalar rounding of m >> shift (0
- * for f32 subnormals); NaN 0x7F. The sign is put back last. */
-/* f8_16's steps (functions of their own at -O0, as every STEP_KERNEL): the code of |x| (bits u)
- * as a normal E4M3 value, saturated; */
-STEP_KERNEL LMK_TARGET_AVX512 __m512i f8_normal16(__m512i u)
-{
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 20), _mm512_set1_epi32(1));
-    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7ffff)), lsb);
-    return _mm512_min_epu32(_mm512_sub_epi32(_mm512_srli_epi32(r, 20), _mm512_set1_epi32(960)), _mm512_set1_epi32(0x7e));
-}
-
-/* then code with the lanes below 2^-6 (subnormal codes) and the NaN lanes replaced. */
-STEP_KERNEL LMK_TARGET_AVX512 __m512i f8_special16(__m512i u, __m512i code)
-{
-    const __m512 tiny = _mm512_mul_ps(_mm512_castsi512_ps(u), _mm512_set1_ps(512.0f));
-    const __m512i sub = _mm512_cvt_roundps_epi32(tiny, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    code = _mm512_mask_mov_epi32(code, _mm512_cmplt_epu32_mask(u, _mm512_set1_epi32(0x3c800000)), sub);
-    return _mm512_mask_mov_epi32(code, _mm512_cmpgt_epu32_mask(u, _mm512_set1_epi32(0x7f800000)),
-                                 _mm512_set1_epi32(0x7f));
-}
-
-STEP_KERNEL LMK_TARGET_AVX512 __m128i f8_16(__m512 v)
-{
-    const __m512i bits = _mm512_castps_si512(v);
-    const __m512i u = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
-    const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80));
-    return _mm512_cvtepi32_epi8(_mm512_or_si512(f8_special16(u, f8_normal16(u)), sign));
-}
-
-/* 16 results stored to p in dtype odt (f8: x * inv already formed). */
-STEP_KERNEL LMK_TARGET_AVX512 void store16(lmk_dtype odt, int nt, unsigned char *p, __m512 v)
-{
-    if (odt == LMK_F32) {
-        if (nt)
-            _mm512_stream_ps((float *)(void *)p, v);
-        else
-            _mm512_storeu_ps(p, v);
-    } else if (odt == LMK_F8E4M3) {
-        const __m128i b = f8_16(v);
-        if (nt)
-            _mm_stream_si128((__m128i *)(void *)p, b);
-        else
-            _mm_storeu_si128((__m128i *)(void *)p, b);
-    } else {
-        const __m256i h = odt == LMK_BF16 ? lmk_cpu_bf16_16(v) : _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        if (nt)
-            _mm256_stream_si256((__m256i *)(void *)p, h);
-        else
-            _mm256_storeu_si256((__m256i *)(void *)p, h);
-    }
-}
-
-/* Elements [i, i + 16) of a build's output. */
-STEP_KERNEL LMK_TARGET_AVX512 void put16(int to, lmk_dtype dt, void *out, size_t i, __m512 v)
-{
-    if (to == TO_X)
-        _mm512_storeu_ps((float *)out + i, v);
-    else
-        store16(dt, to == TO_DEST_NT, (unsigned char *)out + i * (dt == LMK_F32 ? 4 : 2), v);
-}
-
-/* 16 input elements from i, times r * w. */
-STEP_KERNEL LMK_TARGET_AVX512 __m512 scaled16(lmk_dtype dt, const unsigned char *in, size_t i, __m512 rv, const float *w)
-{
-    return _mm512_mul_ps(_mm512_mul_ps(load16(dt, in + i * (dt == LMK_F32 ? 4 : 2)), rv), _mm512_loadu_ps(w + i));
-}
-
-STEP_KERNEL LMK_TARGET_AVX512 void gap16(lmk_dtype dt, int to, const unsigned char *in, void *out, const float *w,
-                                         float r, size_t lo, size_t hi)
-{
-    const __m512 rv = _mm512_set1_ps(r);
-    size_t i = lo;
-    for (; i + 16 <= hi; i += 16)
-        put16(to, dt, out, i, scaled16(dt, in, i, rv, w));
-    if (i < hi) /* only with to == TO_X (direct_ok) */
-        gap_scalar(dt, in, (float *)out, w, r, i, hi);
-}
-
-/* Split pairs: *ya = a*c - b*s and *yb = a*s + b*c from 16 pairs' a's and b's and cos/sin at c
- * and s (each product of b rounded, then fused). */
-STEP_KERNEL LMK_TARGET_AVX512 void rotate16(__m512 a, __m512 b, const float *c, const float *s, __m512 *ya, __m512 *yb)
-{
-    const __m512 cv = _mm512_loadu_ps(c), sv = _mm512_loadu_ps(s);
-    *ya = _mm512_fmsub_ps(a, cv, _mm512_mul_ps(b, sv));
-    *yb = _mm512_fmadd_ps(a, sv, _mm512_mul_ps(b, cv));
-}
-
-/* The same for pairs held as even and odd elements (adjacent pairs in even/odd order): a*c - b*s,
- * and b*c + a*s with the product of a rounded, as the adjacent formula's odd lanes. */
-STEP_KERNEL LMK_TARGET_AVX512 void rotate16_adj(__m512 a, __m512 b, const float *c, const float *s, __m512 *ya,
-                                                __m512 *yb)
-{
-    const __m512 cv = _mm512_loadu_ps(c), sn = _mm512_loadu_ps(s);
-    *ya = _mm512_fmsub_ps(a, cv, _mm512_mul_ps(b, sn));
-    *yb = _mm512_fmadd_ps(b, cv, _mm512_mul_ps(a, sn));
-}
-
-/* 8 adjacent pairs in element order (v: elements 2p .. 2p + 16, cos/sin of the pairs at c and s):
- * out = x * (c, c) + swap(x) * (-s, s), cos/sin duplicated into lane pairs (the even lanes are
- * a*c - b*s as in the split case). */
-STEP_KERNEL LMK_TARGET_AVX512 __m512 rotate_adjacent16(__m512 v, const float *c, const float *s)
-{
-    const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    const __m512i neg_even = _mm512_set1_epi64(0x80000000); /* sign bit of lanes 0, 2, 4, ... */
-    const __m512 cv = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(c)));
-    const __m512 sv = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(s)));
-    const __m512 sa = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(sv), neg_even));
-    return _mm512_fmadd_ps(v, cv, _mm512_mul_ps(_mm512_permute_ps(v, 0xB1), sa));
-}
-
-/* Split pairs 16 at a time, a vector of a's against a vector of b's (stride >= n: the two never
- * overlap); adjacent pairs 8 at a time (rotate_adjacent16). */
-STEP_KERNEL LMK_TARGET_AVX512 void build16_dt(lmk_dtype dt, int to, const lmk_rope_args *ra, const unsigned char *in,
-                                              void *out, const float *w, float r, const ap_table *tb)
-{
-    const size_t n = ra->angle.n_pairs, st = ra->pair_stride;
-    const __m512 rv = _mm512_set1_ps(r);
-    size_t p = 0, g[2][2];
-    if (ra->interleaved) {
-        for (; p + 8 <= n; p += 8)
-            put16(to, dt, out, 2 * p, rotate_adjacent16(scaled16(dt, in, 2 * p, rv, w), tb->c + p, tb->s + p));
-    } else {
-        for (; p + 16 <= n; p += 16) {
-            __m512 ya, yb;
-            rotate16(scaled16(dt, in, p, rv, w), scaled16(dt, in, p + st, rv, w), tb->c + p, tb->s + p, &ya, &yb);
-            put16(to, dt, out, p, ya);
-            put16(to, dt, out, p + st, yb);
-        }
-    }
-    if (p < n) /* only with to == TO_X (direct_ok); the tail is a call: skip it when empty */
-        pairs_scalar(dt, in, (float *)out, w, r, tb, p, n, st, ra->interleaved);
-    gaps_of(ra, g);
-    gap16(dt, to, in, out, w, r, g[0][0], g[0][1]);
-    gap16(dt, to, in, out, w, r, g[1][0], g[1][1]);
-}
-
-/* build8_eo's even/odd order on 32-element blocks (ap_job.eo at this level: every pair run and
- * gap a whole 32). */
-STEP_KERNEL LMK_TARGET_AVX512 void scaled_eo16(const unsigned char *in, size_t i, __m512 rv, const float *w, __m512 *e,
-                                              __m512 *o)
-{
-    lmk_cpu_bf16_widen_eo16(in + 2 * i, e, o);
-    *e = _mm512_mul_ps(_mm512_mul_ps(*e, rv), _mm512_loadu_ps(w + i));
-    *o = _mm512_mul_ps(_mm512_mul_ps(*o, rv), _mm512_loadu_ps(w + i + 16));
-}
-
-STEP_KERNEL LMK_TARGET_AVX512 void put_eo16(int to, void *out, size_t i, __m512 e, __m512 o)
-{
-    if (to == TO_X)
-        lmk_cpu_store_eo16_f32((float *)out + i, e, o);
-    else
-        lmk_cpu_store_bf16_eo16((unsigned char *)out + 2 * i, e, o, to == TO_DEST_NT);
-}
-
-STEP_KERNEL LMK_TARGET_AVX512 void build16_eo(int to, const lmk_rope_args *ra, const unsigned char *in, void *out,
-                                              const float *w, float r, const ap_table *tb)
-{
-    const size_t n = ra->angle.n_pairs, st = ra->pair_stride;
-    const __m512 rv = _mm512_set1_ps(r);
-    __m512 ae, ao, be, bo;
-    size_t g[2][2];
-    if (ra->interleaved) {
-        for (size_t p = 0; p < n; p += 16) { /* elements 2p .. 2p + 32: a the even ones, b the odd */
-            scaled_eo16(in, 2 * p, rv, w, &ae, &be);
-            rotate16_adj(ae, be, tb->c + p, tb->s + p, &ao, &bo);
-            put_eo16(to, out, 2 * p, ao, bo);
-        }
-    } else {
-        __m512 yae, yao, ybe, ybo;
-        for (size_t p = 0; p < n; p += 32) {
-            scaled_eo16(in, p, rv, w, &ae, &ao);
-            scaled_eo16(in, p + st, rv, w, &be, &bo);
-            rotate16(ae, be, tb->c + p, tb->s + p, &yae, &ybe);
-            rotate16(ao, bo, tb->c + p + 16, tb->s + p + 16, &yao, &ybo);
-            put_eo16(to, out, p, yae, yao);
-            put_eo16(to, out, p + st, ybe, ybo);
-        }
-    }
-    gaps_of(ra, g);
-    for (int k = 0; k < 2; k++)
-        for (size_t i = g[k][0]; i < g[k][1]; i += 32) {
-            scaled_eo16(in, i, rv, w, &ae, &ao);
-            put_eo16(to, out, i, ae, ao);
-        }
-}
-
-/* n floats (a multiple of 32) from element order to even/odd order, 32 at a time. */
-LMK_TARGET_AVX512 static void eo_order16(float *t, size_t n)
-{
-    for (size_t i = 0; i < n; i += 32)
-        lmk_cpu_eo32(t + i);
-}
-
-LMK_TARGET_AVX512 static void build16(lmk_dtype dt, int to, bool eo, const lmk_rope_args *ra, const unsigned char *in,
-                                      void *out, const float *w, float r, const ap_table *tb)
-{
-    if (dt == LMK_BF16 && eo) {
-        to == TO_X ? build16_eo(TO_X, ra, in, out, w, r, tb)
-        : to == TO_DEST ? build16_eo(TO_DEST, ra, in, out, w, r, tb)
-                        : build16_eo(TO_DEST_NT, ra, in, out, w, r, tb);
-        return;
-    }
-    if (to == TO_X)
-        dt == LMK_F32    ? build16_dt(LMK_F32, TO_X, ra, in, out, w, r, tb)
-        : dt == LMK_BF16 ? build16_dt(LMK_BF16, TO_X, ra, in, out, w, r, tb)
-                         : build16_dt(LMK_F16, TO_X, ra, in, out, w, r, tb);
-    else if (to == TO_DEST)
-        dt == LMK_F32    ? build16_dt(LMK_F32, TO_DEST, ra, in, out, w, r, tb)
-        : dt == LMK_BF16 ? build16_dt(LMK_BF16, TO_DEST, ra, in, out, w, r, tb)
-                         : build16_dt(LMK_F16, TO_DEST, ra, in, out, w, r, tb);
-    else
-        dt == LMK_F32    ? build16_dt(LMK_F32, TO_DEST_NT, ra, in, out, w, r, tb)
-        : dt == LMK_BF16 ? build16_dt(LMK_BF16, TO_DEST_NT, ra, in, out, w, r, tb)
-                         : build16_dt(LMK_F16, TO_DEST_NT, ra, in, out, w, r, tb);
-}
-
-STEP_KERNEL LMK_TARGET_AVX512 void widen16_dt(lmk_dtype dt, const unsigned char *in, float *x, size_t n)
-{
-    const size_t es = dt == LMK_F32 ? 4 : 2;
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(x + i, load16(dt, in + i * es));
-    widen_scalar(dt, in, x, i, n);
-}
-
-LMK_TARGET_AVX512 static void widen16(lmk_dtype dt, const unsigned char *in, float *x, size_t n)
-{
-    if (dt == LMK_F32)
-        widen16_dt(LMK_F32, in, x, n);
-    else if (dt == LMK_BF16)
-        widen16_dt(LMK_BF16, in, x, n);
-    else
-        widen16_dt(LMK_F16, in, x, n);
-}
-
-/* Elements [lo, hi) of x into d (dtype odt), 16 at a time. With nt the range is whole aligned
- * lines, so the scalar tail never streams. */
-STEP_KERNEL LMK_TARGET_AVX512 void narrow16_dt(lmk_dtype odt, int nt, const row_dest *d, const float *x, size_t lo,
-                                               size_t hi)
-{
-    const size_t oes = odt == LMK_F32 ? 4 : odt == LMK_F8E4M3 ? 1 : 2;
-    const __m512 inv = _mm512_set1_ps(d->inv);
-    size_t i = lo;
-    for (; i + 16 <= hi; i += 16) {
-        const __m512 v = _mm512_loadu_ps(x + i);
-        store16(odt, nt, d->p + i * oes, odt == LMK_F8E4M3 ? _mm512_mul_ps(v, inv) : v);
-    }
-    if (i < hi)
-        narrow_scalar(d, x, i, hi);
-}
-
-LMK_TARGET_AVX512 static void narrow16(const row_dest *d, const float *x, size_t lo, size_t hi)
-{
-    switch (d->dt) {
-    case LMK_F32:
-        d->nt ? narrow16_dt(LMK_F32, 1, d, x, lo, hi) : narrow16_dt(LMK_F32, 0, d, x, lo, hi);
-        break;
-    case LMK_BF16:
-        d->nt ? narrow16_dt(LMK_BF16, 1, d, x, lo, hi) : narrow16_dt(LMK_BF16, 0, d, x, lo, hi);
-        break;
-    case LMK_F16:
-        d->nt ? narrow16_dt(LMK_F16, 1, d, x, lo, hi) : narrow16_dt(LMK_F16, 0, d, x, lo, hi);
-        break;
-    default:
-        d->nt ? narrow16_dt(LMK_F8E4M3, 1, d, x, lo, hi) : narrow16_dt(LMK_F8E4M3, 0, d, x, lo, hi);
-        break;
-    }
-}
-
-/* ---- AVX2: the same steps on 8 lanes ---- */
-
-STEP_KERNEL LMK_TARGET_AVX2 __m256 load8(lmk_dtype dt, const unsigned char *p)
-{
-    if (dt == LMK_F32)
-        return _mm256_loadu_ps((const float *)(const void *)p);
-    const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
-    if (dt == LMK_BF16)
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    return _mm256_cvtph_ps(h);
-}
-
-/* s0 + s1, summed across its lanes (the order fixes the bits of sumsq8_f32 and sumsq8x4_f32). */
-STEP_KERNEL LMK_TARGET_AVX2 float hsum8(__m256 s0, __m256 s1)
-{
-    const __m256 s = _mm256_add_ps(s0, s1);
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-    return _mm_cvtss_f32(h);
-}
-
-STEP_KERNEL LMK_TARGET_AVX2 double sumsq8_f32(lmk_dtype dt, const unsigned char *in, size_t n)
-{
-    const size_t es = dt == LMK_F32 ? 4 : 2;
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m256 v0 = load8(dt, in + i * es), v1 = load8(dt, in + (i + 8) * es);
-        s0 = _mm256_fmadd_ps(v0, v0, s0);
-        s1 = _mm256_fmadd_ps(v1, v1, s1);
-    }
-    if (i + 8 <= n) {
-        const __m256 v = load8(dt, in + i * es);
-        s0 = _mm256_fmadd_ps(v, v, s0);
-        i += 8;
-    }
-    return (double)hsum8(s0, s1) + sumsq_scalar(dt, in, i, n);
-}
-
-/* sumsq8_f32 of four rows at once, as sumsq16x4_f32. */
-STEP_KERNEL LMK_TARGET_AVX2 void sumsq8x4_f32(lmk_dtype dt, const unsigned char *in, size_t stride, size_t n,
-                                              double *ss)
-{
-    const size_t es = dt == LMK_F32 ? 4 : 2;
-    __m256 s0[4], s1[4];
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; r++)
-        s0[r] = s1[r] = _mm256_setzero_ps();
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
-            const __m256 v0 = load8(dt, in + r * stride + i * es), v1 = load8(dt, in + r * stride + (i + 8) * es);
-            s0[r] = _mm256_fmadd_ps(v0, v0, s0[r]);
-            s1[r] = _mm256_fmadd_ps(v1, v1, s1[r]);
-        }
-    }
-    if (i + 8 <= n) {
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
-            const __m256 v = load8(dt, in + r * stride + i * es);
-            s0[r] = _mm256_fmadd_ps(v, v, s0[r]);
-        }
-        i += 8;
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; r++)
-        ss[r] = (double)hsum8(s0[r], s1[r]) + sumsq_scalar(dt, in + r * stride, i, n);
-}
-
-STEP_KERNEL LMK_TARGET_AVX2 double sumsq8_f64(lmk_dtype dt, const unsigned char *in, size_t n)
-{
-    const size_t es = dt == LMK_F32 ? 4 : 2;
-    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 v = load8(dt, in + i * es);
-        const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
-        s0 = _mm256_fmadd_pd(lo, lo, s0);
-        s1 = _mm256_fmadd_pd(hi, hi, s1);
-    }
-    const __m256d s = _mm256_add_pd(s0, s1);
-    const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
-    return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h))) + sumsq_scalar(dt, in, i, n);
 }
 
 /* rf[i] = (float)(1 / sqrt(ss[i] / d + eps)), i < n, four at a time: IEEE divides and square roots
@@ -1014,327 +529,10 @@ LMK_TARGET_AVX2 static void norm_factors8(const double *ss, size_t n, size_t d, 
         rf[i] = (float)(1.0 / sqrt(ss[i] / (double)d + eps));
 }
 
-/* As sumsq16_rows. */
-LMK_TARGET_AVX2 static void sumsq8_rows(lmk_dtype dt, const unsigned char *in, size_t stride, size_t nr, size_t n,
-                                        double *ss)
-{
-    size_t r = 0;
-    for (; r + 4 <= nr; r += 4) {
-        if (dt == LMK_F32)
-            sumsq8x4_f32(LMK_F32, in + r * stride, stride, n, ss + r);
-        else if (dt == LMK_BF16)
-            sumsq8x4_f32(LMK_BF16, in + r * stride, stride, n, ss + r);
-        else
-            sumsq8x4_f32(LMK_F16, in + r * stride, stride, n, ss + r);
-    }
-    for (; r < nr; r++)
-        ss[r] = dt == LMK_F32    ? sumsq8_f32(LMK_F32, in + r * stride, n)
-                : dt == LMK_BF16 ? sumsq8_f32(LMK_BF16, in + r * stride, n)
-                                 : sumsq8_f32(LMK_F16, in + r * stride, n);
-    for (r = 0; r < nr; r++)
-        if (!sum_ok(ss[r]))
-            ss[r] = dt == LMK_F32    ? sumsq8_f64(LMK_F32, in + r * stride, n)
-                    : dt == LMK_BF16 ? sumsq8_f64(LMK_BF16, in + r * stride, n)
-                                     : sumsq8_f64(LMK_F16, in + r * stride, n);
-}
-
-/* f8_16's steps on 8 lanes: the code in the low byte of each 32-bit lane. */
-STEP_KERNEL LMK_TARGET_AVX2 __m256i f8_8(__m256 v)
-{
-    const __m256i bits = _mm256_castps_si256(v);
-    const __m256i u = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
-    const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80));
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 20), _mm256_set1_epi32(1));
-    const __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7ffff)), lsb);
-    __m256i code = _mm256_min_epu32(_mm256_sub_epi32(_mm256_srli_epi32(r, 20), _mm256_set1_epi32(960)),
-                                    _mm256_set1_epi32(0x7e));
-    const __m256 tiny = _mm256_mul_ps(_mm256_castsi256_ps(u), _mm256_set1_ps(512.0f));
-    const __m256i sub = _mm256_cvttps_epi32(_mm256_round_ps(tiny, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    /* u < 2^31: the signed compares are the unsigned ones */
-    code = _mm256_blendv_epi8(code, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(0x3c800000), u));
-    code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7f), _mm256_cmpgt_epi32(u, _mm256_set1_epi32(0x7f800000)));
-    return _mm256_or_si256(code, sign);
-}
-
-/* 16 f8 codes from two vectors of 8, in element order (codes <= 0xFF: the packs never saturate). */
-STEP_KERNEL LMK_TARGET_AVX2 __m128i f8_pack16(__m256 a, __m256 b)
-{
-    const __m256i w = _mm256_permute4x64_epi64(_mm256_packus_epi32(f8_8(a), f8_8(b)), 0xD8); /* a0-7 | b0-7 */
-    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi16(w, w), 0x08));
-}
-
-/* 8 results stored to p in dtype odt (f32, bf16 or f16; f8 goes 16 at a time, f8_pack16). */
-STEP_KERNEL LMK_TARGET_AVX2 void store8(lmk_dtype odt, int nt, unsigned char *p, __m256 v)
-{
-    if (odt == LMK_F32) {
-        if (nt)
-            _mm256_stream_ps((float *)(void *)p, v);
-        else
-            _mm256_storeu_ps((float *)(void *)p, v);
-        return;
-    }
-    const __m128i h = odt == LMK_BF16 ? lmk_cpu_bf16_8(v) : _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    if (nt)
-        _mm_stream_si128((__m128i *)(void *)p, h);
-    else
-        _mm_storeu_si128((__m128i *)(void *)p, h);
-}
-
-/* 16 results (a then b) stored to p in dtype odt (f32, bf16 or f16): bf16 as one 32-byte store. */
-STEP_KERNEL LMK_TARGET_AVX2 void store16x(lmk_dtype odt, int nt, unsigned char *p, __m256 a, __m256 b)
-{
-    if (odt == LMK_BF16) {
-        lmk_cpu_store_bf16_8x2(p, a, b, nt);
-        return;
-    }
-    store8(odt, nt, p, a);
-    store8(odt, nt, p + 8 * (odt == LMK_F32 ? 4 : 2), b);
-}
-
-/* Builds that store bf16 go 16 elements a step, so that each narrowing takes two vectors
- * (lmk_cpu_bf16_8x2; a direct build's pairs and gaps are whole steps: direct_ok). f32 and f16
- * keep steps of 8: their stores gain nothing from pairing. */
-#define PAIRED(dt, to) ((dt) == LMK_BF16 && (to) != TO_X)
-
-/* Elements [i, i + 16) of a build's output, as put8 twice. */
-STEP_KERNEL LMK_TARGET_AVX2 void put16x(int to, lmk_dtype dt, void *out, size_t i, __m256 a, __m256 b)
-{
-    if (to == TO_X) {
-        _mm256_storeu_ps((float *)out + i, a);
-        _mm256_storeu_ps((float *)out + i + 8, b);
-    } else {
-        store16x(dt, to == TO_DEST_NT, (unsigned char *)out + i * (dt == LMK_F32 ? 4 : 2), a, b);
-    }
-}
-
-/* Elements [i, i + 8) of a build's output. */
-STEP_KERNEL LMK_TARGET_AVX2 void put8(int to, lmk_dtype dt, void *out, size_t i, __m256 v)
-{
-    if (to == TO_X)
-        _mm256_storeu_ps((float *)out + i, v);
-    else
-        store8(dt, to == TO_DEST_NT, (unsigned char *)out + i * (dt == LMK_F32 ? 4 : 2), v);
-}
-
-STEP_KERNEL LMK_TARGET_AVX2 __m256 scaled8(lmk_dtype dt, const unsigned char *in, size_t i, __m256 rv, const float *w)
-{
-    return _mm256_mul_ps(_mm256_mul_ps(load8(dt, in + i * (dt == LMK_F32 ? 4 : 2)), rv), _mm256_loadu_ps(w + i));
-}
-
-STEP_KERNEL LMK_TARGET_AVX2 void gap8(lmk_dtype dt, int to, const unsigned char *in, void *out, const float *w, float r,
-                                      size_t lo, size_t hi)
-{
-    const __m256 rv = _mm256_set1_ps(r);
-    size_t i = lo;
-    if (PAIRED(dt, to))
-        for (; i + 16 <= hi; i += 16)
-            put16x(to, dt, out, i, scaled8(dt, in, i, rv, w), scaled8(dt, in, i + 8, rv, w));
-    for (; i + 8 <= hi; i += 8) /* and the scalar tail: only with to == TO_X (direct_ok) */
-        put8(to, dt, out, i, scaled8(dt, in, i, rv, w));
-    if (i < hi)
-        gap_scalar(dt, in, (float *)out, w, r, i, hi);
-}
-
-/* The rotated a's and b's of split pairs [p, p + 8): a*c - b*s and a*s + b*c. */
-typedef struct rot8 {
-    __m256 a, b;
-} rot8;
-
-STEP_KERNEL LMK_TARGET_AVX2 rot8 split_step8(lmk_dtype dt, const unsigned char *in, size_t p, size_t st, __m256 rv,
-                                            const float *w, const ap_table *tb)
-{
-    const __m256 a = scaled8(dt, in, p, rv, w), b = scaled8(dt, in, p + st, rv, w);
-    const __m256 c = _mm256_loadu_ps(tb->c + p), s = _mm256_loadu_ps(tb->s + p);
-    return (rot8){_mm256_fmsub_ps(a, c, _mm256_mul_ps(b, s)), _mm256_fmadd_ps(a, s, _mm256_mul_ps(b, c))};
-}
-
-/* Adjacent pairs [p, p + 4) (elements 2p .. 2p + 8): x * (c, c) + swap(x) * (-s, s), cos/sin
- * duplicated into lane pairs (the even lanes are split_step8's a*c - b*s). */
-STEP_KERNEL LMK_TARGET_AVX2 __m256 adjacent_step8(lmk_dtype dt, const unsigned char *in, size_t p, __m256 rv,
-                                                 const float *w, const ap_table *tb)
-{
-    const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-    const __m256 neg_even = _mm256_castsi256_ps(_mm256_set1_epi64x(0x80000000));
-    const __m256 v = scaled8(dt, in, 2 * p, rv, w);
-    const __m256 cv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(tb->c + p)), dup);
-    const __m256 sv = _mm256_xor_ps(_mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(tb->s + p)), dup), neg_even);
-    return _mm256_fmadd_ps(v, cv, _mm256_mul_ps(_mm256_permute_ps(v, 0xB1), sv));
-}
-
-STEP_KERNEL LMK_TARGET_AVX2 void build8_dt(lmk_dtype dt, int to, const lmk_rope_args *ra, const unsigned char *in,
-                                           void *out, const float *w, float r, const ap_table *tb)
-{
-    const size_t n = ra->angle.n_pairs, st = ra->pair_stride;
-    const __m256 rv = _mm256_set1_ps(r);
-    size_t p = 0, g[2][2];
-    if (ra->interleaved) {
-        for (; PAIRED(dt, to) && p + 8 <= n; p += 8)
-            put16x(to, dt, out, 2 * p, adjacent_step8(dt, in, p, rv, w, tb), adjacent_step8(dt, in, p + 4, rv, w, tb));
-        for (; p + 4 <= n; p += 4) /* bf16 stores: the tail of TO_X only */
-            put8(to, dt, out, 2 * p, adjacent_step8(dt, in, p, rv, w, tb));
-    } else {
-        for (; PAIRED(dt, to) && p + 16 <= n; p += 16) {
-            const rot8 r0 = split_step8(dt, in, p, st, rv, w, tb), r1 = split_step8(dt, in, p + 8, st, rv, w, tb);
-            put16x(to, dt, out, p, r0.a, r1.a);
-            put16x(to, dt, out, p + st, r0.b, r1.b);
-        }
-        for (; p + 8 <= n; p += 8) { /* bf16 stores: the tail of TO_X only */
-            const rot8 r0 = split_step8(dt, in, p, st, rv, w, tb);
-            put8(to, dt, out, p, r0.a);
-            put8(to, dt, out, p + st, r0.b);
-        }
-    }
-    if (p < n) /* only with to == TO_X (direct_ok); the tail is a call: skip it when empty */
-        pairs_scalar(dt, in, (float *)out, w, r, tb, p, n, st, ra->interleaved);
-    gaps_of(ra, g);
-    gap8(dt, to, in, out, w, r, g[0][0], g[0][1]);
-    gap8(dt, to, in, out, w, r, g[1][0], g[1][1]);
-}
-
-/* bf16 rows in even/odd order (jb->eo, AVX2): every 16-element block of the row
- * is one 32-byte load widened to its even and odd elements (lmk_cpu_bf16_widen_eo), the weights
- * and, for split pairs, cos/sin are held in that order (do_tokens puts them so), and the results
- * leave narrowed in element order (lmk_cpu_bf16_eo) or, into x, interleaved back. Each element
- * meets the same operands in the same order as in build8_dt, so the bits are the same. Adjacent
- * pairs are the even and odd elements themselves, with cos/sin in pair order. */
-STEP_KERNEL LMK_TARGET_AVX2 void scaled_eo(const unsigned char *in, size_t i, __m256 rv, const float *w, __m256 *e,
-                                          __m256 *o)
-{
-    lmk_cpu_bf16_widen_eo(in + 2 * i, e, o);
-    *e = _mm256_mul_ps(_mm256_mul_ps(*e, rv), _mm256_loadu_ps(w + i));
-    *o = _mm256_mul_ps(_mm256_mul_ps(*o, rv), _mm256_loadu_ps(w + i + 8));
-}
-
-STEP_KERNEL LMK_TARGET_AVX2 void put_eo(int to, void *out, size_t i, __m256 e, __m256 o)
-{
-    if (to == TO_X)
-        lmk_cpu_store_eo_f32((float *)out + i, e, o);
-    else
-        lmk_cpu_store_bf16_eo((unsigned char *)out + 2 * i, e, o, to == TO_DEST_NT);
-}
-
-STEP_KERNEL LMK_TARGET_AVX2 void build8_eo(int to, const lmk_rope_args *ra, const unsigned char *in, void *out,
-                                           const float *w, float r, const ap_table *tb)
-{
-    const size_t n = ra->angle.n_pairs, st = ra->pair_stride;
-    const __m256 rv = _mm256_set1_ps(r);
-    __m256 ae, ao, be, bo;
-    size_t g[2][2];
-    if (ra->interleaved) {
-        for (size_t p = 0; p < n; p += 8) { /* elements 2p .. 2p + 16: a the even ones, b the odd */
-            scaled_eo(in, 2 * p, rv, w, &ae, &be);
-            const __m256 c = _mm256_loadu_ps(tb->c + p), sn = _mm256_loadu_ps(tb->s + p);
-            put_eo(to, out, 2 * p, _mm256_fmsub_ps(ae, c, _mm256_mul_ps(be, sn)), _mm256_fmadd_ps(be, c, _mm256_mul_ps(ae, sn)));
-        }
-    } else {
-        for (size_t p = 0; p < n; p += 16) {
-            scaled_eo(in, p, rv, w, &ae, &ao);
-            scaled_eo(in, p + st, rv, w, &be, &bo);
-            const __m256 ce = _mm256_loadu_ps(tb->c + p), co = _mm256_loadu_ps(tb->c + p + 8);
-            const __m256 se = _mm256_loadu_ps(tb->s + p), so = _mm256_loadu_ps(tb->s + p + 8);
-            put_eo(to, out, p, _mm256_fmsub_ps(ae, ce, _mm256_mul_ps(be, se)), _mm256_fmsub_ps(ao, co, _mm256_mul_ps(bo, so)));
-            put_eo(to, out, p + st, _mm256_fmadd_ps(ae, se, _mm256_mul_ps(be, ce)),
-                   _mm256_fmadd_ps(ao, so, _mm256_mul_ps(bo, co)));
-        }
-    }
-    gaps_of(ra, g);
-    for (int k = 0; k < 2; k++)
-        for (size_t i = g[k][0]; i < g[k][1]; i += 16) {
-            scaled_eo(in, i, rv, w, &ae, &ao);
-            put_eo(to, out, i, ae, ao);
-        }
-}
-
-/* n floats (a multiple of 16) from element order to even/odd order, 16 at a time. */
-LMK_TARGET_AVX2 static void eo_order8(float *t, size_t n)
-{
-    for (size_t i = 0; i < n; i += 16)
-        lmk_cpu_eo16(t + i);
-}
-
-LMK_TARGET_AVX2 static void build8(lmk_dtype dt, int to, bool eo, const lmk_rope_args *ra, const unsigned char *in,
-                                   void *out, const float *w, float r, const ap_table *tb)
-{
-    if (dt == LMK_BF16 && eo) {
-        to == TO_X ? build8_eo(TO_X, ra, in, out, w, r, tb)
-        : to == TO_DEST ? build8_eo(TO_DEST, ra, in, out, w, r, tb)
-                        : build8_eo(TO_DEST_NT, ra, in, out, w, r, tb);
-        return;
-    }
-    if (to == TO_X)
-        dt == LMK_F32    ? build8_dt(LMK_F32, TO_X, ra, in, out, w, r, tb)
-        : dt == LMK_BF16 ? build8_dt(LMK_BF16, TO_X, ra, in, out, w, r, tb)
-                         : build8_dt(LMK_F16, TO_X, ra, in, out, w, r, tb);
-    else if (to == TO_DEST)
-        dt == LMK_F32    ? build8_dt(LMK_F32, TO_DEST, ra, in, out, w, r, tb)
-        : dt == LMK_BF16 ? build8_dt(LMK_BF16, TO_DEST, ra, in, out, w, r, tb)
-                         : build8_dt(LMK_F16, TO_DEST, ra, in, out, w, r, tb);
-    else
-        dt == LMK_F32    ? build8_dt(LMK_F32, TO_DEST_NT, ra, in, out, w, r, tb)
-        : dt == LMK_BF16 ? build8_dt(LMK_BF16, TO_DEST_NT, ra, in, out, w, r, tb)
-                         : build8_dt(LMK_F16, TO_DEST_NT, ra, in, out, w, r, tb);
-}
-
-STEP_KERNEL LMK_TARGET_AVX2 void widen8_dt(lmk_dtype dt, const unsigned char *in, float *x, size_t n)
-{
-    const size_t es = dt == LMK_F32 ? 4 : 2;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(x + i, load8(dt, in + i * es));
-    widen_scalar(dt, in, x, i, n);
-}
-
-LMK_TARGET_AVX2 static void widen8(lmk_dtype dt, const unsigned char *in, float *x, size_t n)
-{
-    if (dt == LMK_F32)
-        widen8_dt(LMK_F32, in, x, n);
-    else if (dt == LMK_BF16)
-        widen8_dt(LMK_BF16, in, x, n);
-    else
-        widen8_dt(LMK_F16, in, x, n);
-}
-
-/* As narrow16_dt, 16 elements (two vectors of 8) a step. */
-STEP_KERNEL LMK_TARGET_AVX2 void narrow8_dt(lmk_dtype odt, int nt, const row_dest *d, const float *x, size_t lo,
-                                            size_t hi)
-{
-    const size_t oes = odt == LMK_F32 ? 4 : odt == LMK_F8E4M3 ? 1 : 2;
-    const __m256 inv = _mm256_set1_ps(d->inv);
-    size_t i = lo;
-    for (; i + 16 <= hi; i += 16) {
-        const __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
-        unsigned char *p = d->p + i * oes;
-        if (odt != LMK_F8E4M3) {
-            store16x(odt, nt, p, v0, v1);
-            continue;
-        }
-        const __m128i b = f8_pack16(_mm256_mul_ps(v0, inv), _mm256_mul_ps(v1, inv));
-        if (nt)
-            _mm_stream_si128((__m128i *)(void *)p, b);
-        else
-            _mm_storeu_si128((__m128i *)(void *)p, b);
-    }
-    if (i < hi)
-        narrow_scalar(d, x, i, hi);
-}
-
-LMK_TARGET_AVX2 static void narrow8(const row_dest *d, const float *x, size_t lo, size_t hi)
-{
-    switch (d->dt) {
-    case LMK_F32:
-        d->nt ? narrow8_dt(LMK_F32, 1, d, x, lo, hi) : narrow8_dt(LMK_F32, 0, d, x, lo, hi);
-        break;
-    case LMK_BF16:
-        d->nt ? narrow8_dt(LMK_BF16, 1, d, x, lo, hi) : narrow8_dt(LMK_BF16, 0, d, x, lo, hi);
-        break;
-    case LMK_F16:
-        d->nt ? narrow8_dt(LMK_F16, 1, d, x, lo, hi) : narrow8_dt(LMK_F16, 0, d, x, lo, hi);
-        break;
-    default:
-        d->nt ? narrow8_dt(LMK_F8E4M3, 1, d, x, lo, hi) : narrow8_dt(LMK_F8E4M3, 0, d, x, lo, hi);
-        break;
-    }
-}
+#define LMK_VEC_W 8
+#include "ops/attn_prologue/cpu_vec.h"
+#define LMK_VEC_W 16
+#include "ops/attn_prologue/cpu_vec.h"
 #endif
 
 /* ---- the row path: each step at a level (a constant in every caller below) ---- */
@@ -1359,11 +557,11 @@ LMK_INLINE void sumsq_at(lmk_cpu_isa isa, lmk_dtype dt, const unsigned char *in,
 {
 #if LMK_CPU_X86
     if (isa == LMK_CPU_AVX512) {
-        sumsq16_rows(dt, in, stride, nr, n, ss);
+        sumsq_rows_v16(dt, in, stride, nr, n, ss);
         return;
     }
     if (isa == LMK_CPU_AVX2) {
-        sumsq8_rows(dt, in, stride, nr, n, ss);
+        sumsq_rows_v8(dt, in, stride, nr, n, ss);
         return;
     }
 #endif
@@ -1378,11 +576,11 @@ LMK_INLINE void build_at(lmk_cpu_isa isa, int to, bool eo, const lmk_rope_args *
 {
 #if LMK_CPU_X86
     if (isa == LMK_CPU_AVX512) {
-        build16(ra->dtype, to, eo, ra, in, out, w, r, tb);
+        build_v16(ra->dtype, to, eo, ra, in, out, w, r, tb);
         return;
     }
     if (isa == LMK_CPU_AVX2) {
-        build8(ra->dtype, to, eo, ra, in, out, w, r, tb);
+        build_v8(ra->dtype, to, eo, ra, in, out, w, r, tb);
         return;
     }
 #endif
@@ -1394,11 +592,11 @@ LMK_INLINE void widen_at(lmk_cpu_isa isa, lmk_dtype dt, const unsigned char *in,
 {
 #if LMK_CPU_X86
     if (isa == LMK_CPU_AVX512) {
-        widen16(dt, in, x, n);
+        widen_v16(dt, in, x, n);
         return;
     }
     if (isa == LMK_CPU_AVX2) {
-        widen8(dt, in, x, n);
+        widen_v8(dt, in, x, n);
         return;
     }
 #endif
@@ -1410,11 +608,11 @@ LMK_INLINE void narrow_at(lmk_cpu_isa isa, const row_dest *d, const float *x, si
 {
 #if LMK_CPU_X86
     if (isa == LMK_CPU_AVX512) {
-        narrow16(d, x, lo, hi);
+        narrow_v16(d, x, lo, hi);
         return;
     }
     if (isa == LMK_CPU_AVX2) {
-        narrow8(d, x, lo, hi);
+        narrow_v8(d, x, lo, hi);
         return;
     }
 #endif
@@ -1437,7 +635,7 @@ LMK_INLINE void do_row(lmk_cpu_isa isa, bool direct_ok, bool eo, const lmk_rope_
     /* Where the build goes: its only destination when it can (TO_DEST); for k to k_out and a cache
      * of the same dtype (the same bits twice), the one not streamed (its lines stay in L1), whose
      * bits are then copied into the other, which may be the input (in place: the build has read the
-     * whole row by then); else x. One call site, so that gcc keeps build16 / build8 inlined. */
+     * whole row by then); else x. One call site, so that gcc keeps build_v16 / build_v8 inlined. */
     int to = TO_X;
     unsigned char *out = (unsigned char *)x;
     const row_dest *copy_to = NULL;
@@ -1482,10 +680,10 @@ LMK_INLINE void do_row(lmk_cpu_isa isa, bool direct_ok, bool eo, const lmk_rope_
 
 /* The same row of the next token, so that its lines arrive while this token is computed. Into L2
  * (prefetcht1), not L1: with Qwen3.5's rows (q out of q|gate; q_out, k_out and both caches
- * streamed) L1 prefetches cost more than they hide (docs/decisions.md). A token's rows stay in L2 until the next token reads them
- * (about 16 KB for Qwen3.5, in an L2 of MBs). Prefetches never fault, and the callers stop at the
- * thread's last token. */
-LMK_INLINE void prefetch_row(const unsigned char *p, size_t bytes)
+ * streamed) L1 prefetches cost more than they hide (docs/decisions.md). A token's rows stay in L2
+ * until the next token reads them (about 16 KB for Qwen3.5, in an L2 of MBs). Prefetches never
+ * fault, and the callers stop at the thread's last token. */
+LMK_INLINE void prefetch_next_row(const unsigned char *p, size_t bytes)
 {
     for (size_t l = 0; l < bytes; l += 64)
         __builtin_prefetch(p + l, 0, 2);
@@ -1502,7 +700,7 @@ LMK_INLINE void do_v(lmk_cpu_isa isa, const ap_job *jb, size_t token, long long 
         const unsigned char *src;
         row_dest d = v_row(jb, token, h, slot, &src);
         if (ahead)
-            prefetch_row(src + a->v_in.tok * es, dv * es);
+            prefetch_next_row(src + a->v_in.tok * es, dv * es);
         if (d.dt == dt) {
             if (d.nt)
                 lmk_cpu_stream_copy(d.p, src, dv * es);
@@ -1530,8 +728,7 @@ LMK_INLINE void set_dest(row_dest *d, unsigned char *p, lmk_dtype dt, float inv,
 /* Heads [h0, h1) (at most ROW_GROUP) of one tensor of a token (q: 0, k: 1): the sums of squares
  * first, so that the norm factors (a divide, a square root and a divide in double: ~45 cycles of
  * latency each) are independent of each other, then each row through the chain while it is still
- * in L1. ahead: prefetch the next token's rows. */
-
+ * in L1. ahead: prefetch the next token's rows (prefetch_next_row). */
 LMK_INLINE void do_rows(lmk_cpu_isa isa, const ap_job *jb, const ap_table *tb, const float *w, size_t token,
                         long long slot, int k, size_t h0, size_t h1, float *x, bool ahead)
 {
@@ -1562,7 +759,7 @@ LMK_INLINE void do_rows(lmk_cpu_isa isa, const ap_job *jb, const ap_table *tb, c
         if (cache)
             set_dest(&dest[n_dest++], crow + i * a->k_cache.head * ces, a->k_cache.dtype, a->k_inv_scale, jb->nt_kc);
         if (ahead)
-            prefetch_row(in + (i * t->in_head + t->in_tok) * es, d * es);
+            prefetch_next_row(in + (i * t->in_head + t->in_tok) * es, d * es);
         do_row(isa, jb->direct_ok, jb->eo, ra, tb, w, norm ? rf[i] : 1.0f, norm, in + i * t->in_head * es, dest, n_dest, x);
     }
 }
@@ -1573,9 +770,9 @@ LMK_INLINE void to_eo_at(lmk_cpu_isa isa, const ap_job *jb, float *t, size_t n)
 {
 #if LMK_CPU_X86
     if (isa == LMK_CPU_AVX512 && jb->eo)
-        eo_order16(t, n);
+        eo_order_v16(t, n);
     if (isa == LMK_CPU_AVX2 && jb->eo)
-        eo_order8(t, n);
+        eo_order_v8(t, n);
 #endif
     (void)isa, (void)jb, (void)t, (void)n;
 }

@@ -49,12 +49,12 @@
  * angle per thread), the norm weights as f32 (w + weight_offset), the tile's slots (at decode with
  * every load issued first: fill_plan, fill_issue, fill_finish); one barrier; then the team's sum of
  * squares, the outputs. Angles: the host tabulates each pair's position axis and angle factor
- * (rope_common.h's lmk_rope_axis_j and lmk_rope_freq with ff = 1, float64) and passes the table in
+ * (rope_math.h's lmk_rope_axis_j and lmk_rope_freq with ff = 1, float64) and passes the table in
  * the kernel parameters (the decode fill reads it before the PDL wait); the device divides by
  * freq_factors[p] (device memory), multiplies by the position (float64), reduces by k*pi/2 in
  * float64 and evaluates sin and cos of the f32 remainder by polynomials (rope_cs,
  * kernel_common.cuh's, the one rope's kernels use). Pairs past the table's 128 (rope_dim > 256, no
- * real model) take rope_common.h's rules on the device, in a function of their own. Blocks have 256 threads, 128 when the call's rows fill
+ * real model) take rope_math.h's rules on the device, in a function of their own. Blocks have 256 threads, 128 when the call's rows fill
  * at most two 256-thread blocks per SM (decode: more, smaller blocks spread a call over more SMs).
  *
  * Three kernels run these blocks. prologue_decode_kernel (small calls with 16-byte units: decode):
@@ -96,7 +96,7 @@
 #include "ops/attn_prologue/attn_prologue.h"
 #include "ops/attn_prologue/route.h"
 #include "ops/attn_prologue/variants.h"
-#include "ops/rope/rope_common.h"
+#include "ops/rope_math.h"
 
 #include <atomic>
 #include <cuda_bf16.h>
@@ -375,7 +375,7 @@ __device__ __forceinline__ void put_raw(const ApParams &p, const Dst &d, uint32_
     }
 }
 
-/* The angle factor (ff = 1) and axis of a pair past the host's table: rope_common.h's rules on the
+/* The angle factor (ff = 1) and axis of a pair past the host's table: rope_math.h's rules on the
  * device (pow is an out-of-line call; kept out of the kernel's main line). Returned by value: an
  * axis passed back through a pointer put it in local memory on every thread's path. */
 struct FarFreq {

@@ -26,7 +26,7 @@
  * Angles. theta(token, pair) = position * freq(pair); m (attn_factor, or YaRN's m) is folded into
  * the shared table's cos and sin, so copies never see it, and m = 1 multiplies by 1.0f, which
  * changes no bit. Each angle is formed on the device from a few uniform kernel parameters
- * (plan_angles): the pair's position axis and exponent index by rope_common.h's rule itself
+ * (plan_angles): the pair's position axis and exponent index by rope_math.h's rule itself
  * (lmk_rope_axis_at, its sums taken once on the host by lmk_rope_axes_of: no copy of the rule
  * here), and its factor by lmk_rope_freq's formula with theta_e = exp2(j * log2_step) in float64
  * (pair_freq; pow() is an out-of-line call on the device). Every thread of a warp reads the same
@@ -92,7 +92,7 @@
 #include "cuda/cuda_internal.h"
 #include "cuda/kernel_common.cuh"
 #include "ops/rope/rope.h"
-#include "ops/rope/rope_common.h"
+#include "ops/rope_math.h"
 #include "ops/rope/route.h"
 #include "ops/rope/variants.h"
 
@@ -177,7 +177,7 @@ struct Geom {
 };
 
 /* What the device needs to form the angles of the slice's pairs p0 + i, i < Geom.half (plan_angles):
- * rope_common.h's axis rule with its sums taken on the host (lmk_rope_axes), and lmk_rope_freq's
+ * rope_math.h's axis rule with its sums taken on the host (lmk_rope_axes), and lmk_rope_freq's
  * factor with theta_e = exp2(j * log2_step) in float64. All uniform across a warp: every thread
  * reads the same parameter words, so no read is serialized (a per-pair table in the parameters
  * would be read at a different address by every thread of a warp). */

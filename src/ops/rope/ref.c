@@ -2,7 +2,7 @@
  * ref.c - the naive reference of rope: the executable spec.
  *
  * Float64 throughout, one pair at a time, written from lmk.h's formulas on its own (it does not
- * use rope_common.h, which the fast paths share, so a mistake there cannot hide in both): the
+ * use src/ops/rope_math.h, which the fast paths share, so a mistake there cannot hide in both): the
  * pair layout of each mode, the axis and exponent index from the sections, the YaRN ramp and its
  * correction range computed again from the resolved parameters, and the magnitude m. No table, no
  * vectors, no threads. Inputs are read through their strides; results are dense [T, heads, D].

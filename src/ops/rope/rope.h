@@ -3,10 +3,10 @@
  * lmk_rope_multi_qk all become one lmk_rope_args), and the references over them.
  *
  * Validation (op.c) resolves every parameter default, so backends see plain values: the pair
- * layout, which position axis and exponent index each pair uses (rope_common.h), and the angle
+ * layout, which position axis and exponent index each pair uses (src/ops/rope_math.h), and the angle
  * factor of each pair as a closed formula (lmk_rope_angle). A backend may tabulate per-pair values
  * wherever it likes (a table in the CPU stream's own memory, shared memory on CUDA); the formulas
- * live in rope_common.h once.
+ * live in src/ops/rope_math.h once.
  */
 #ifndef LMK_OPS_ROPE_H
 #define LMK_OPS_ROPE_H

@@ -1,12 +1,13 @@
 /*
- * rope_common.h - the parts of rope's definition that every fast path shares: which position axis
- * a rotated pair reads, its exponent index, its angle factor, and how a position is read. The CPU
- * path and the CUDA kernels include this file (host and device code alike), so these rules live in
- * exactly one place; the float64 reference (ref.c) is written from lmk.h's formulas on its own, so
- * that a mistake here cannot hide in both.
+ * rope_math.h - the parts of rope's definition that every fast path shares: which position axis a
+ * rotated pair reads, its exponent index, its angle factor, and how a position is read. lmk_rope's
+ * and lmk_attn_prologue's CPU paths and CUDA kernels include this file (host and device code
+ * alike), so these rules live in exactly one place, outside either op; the float64 reference
+ * (src/ops/rope/ref.c) is written from lmk.h's formulas on its own, so that a mistake here cannot
+ * hide in both.
  */
-#ifndef LMK_ROPE_COMMON_H
-#define LMK_ROPE_COMMON_H
+#ifndef LMK_ROPE_MATH_H
+#define LMK_ROPE_MATH_H
 
 #include <math.h>
 #include <stdint.h>
@@ -98,4 +99,4 @@ LMK_HD double lmk_rope_pos(const void *positions, int pos_dtype, uint64_t i)
     return pos_dtype == 7 ? (double)((const int64_t *)positions)[i] : (double)((const int32_t *)positions)[i];
 }
 
-#endif /* LMK_ROPE_COMMON_H */
+#endif /* LMK_ROPE_MATH_H */
