@@ -113,6 +113,15 @@ template <> struct Elem<LMK_F16> {
     }
 };
 
+/* Element i of an f32, bf16 or f16 array (dt an lmk_dtype), widened to f32 exactly. */
+__device__ __forceinline__ float ld_f32(const void *p, int dt, uint64_t i)
+{
+    if (dt == LMK_F32)
+        return static_cast<const float *>(p)[i];
+    const uint32_t b = static_cast<const unsigned short *>(p)[i];
+    return dt == LMK_BF16 ? Elem<LMK_BF16>::widen(b) : Elem<LMK_F16>::widen(b);
+}
+
 /* Element e of a unit of VE elements, widened to f32. */
 template <int DT, int VE> __device__ __forceinline__ float elem(const Raw<VE * Elem<DT>::size> &r, int e)
 {

@@ -60,4 +60,18 @@ LMK_HD int lmk_seq_stores(const void *slots, int is64, size_t s, size_t n_seq, s
     return 1;
 }
 
+#ifdef __CUDACC__
+/* lmk_seq_stores for a whole block: whether sequence s stores its row `row` (>= 0), the scan of the
+ * later slots shared by the block's threads. Every thread of the block calls it (a barrier). */
+__device__ __forceinline__ bool lmk_block_seq_stores(const void *slots, int is64, uint64_t s, uint64_t n_seq,
+                                                     int64_t row)
+{
+    int dup = 0;
+    if (slots)
+        for (uint64_t j = s + 1 + threadIdx.x; j < n_seq; j += blockDim.x)
+            dup |= lmk_index_at(slots, is64, j) == row;
+    return !__syncthreads_or(dup);
+}
+#endif
+
 #endif /* LMK_OPS_VARLEN_H */

@@ -48,7 +48,7 @@
  *
  * Sequences and slots are device data: lmk_seq_bounds and lmk_seq_slot (varlen.h) clamp them, so
  * no value leads outside the operands. A state row is stored only by the last sequence naming it
- * (lmk_seq_stores, evaluated by the whole block: block_stores), from the row as it was read at
+ * (lmk_seq_stores, evaluated by the whole block: lmk_block_seq_stores), from the row as it was read at
  * that sequence's start; an empty sequence reads and writes nothing. Deterministic: every output
  * is one thread's fixed sequence of operations, there are no atomics.
  *
@@ -109,15 +109,6 @@ struct ConvParams {
     bool st_vec;  /* state units load and store as one NB-byte access (channel stride 1, aligned) */
     bool cluster; /* tile: the segments of a sequence are a cluster and sync after their halo reads */
 };
-
-/* One element of a f32/bf16/f16 array, widened (weights and bias have dtypes of their own). */
-__device__ __forceinline__ float ld_f32(const void *p, int dt, uint64_t i)
-{
-    if (dt == LMK_F32)
-        return static_cast<const float *>(p)[i];
-    const uint32_t b = static_cast<const unsigned short *>(p)[i];
-    return dt == LMK_BF16 ? Elem<LMK_BF16>::widen(b) : Elem<LMK_F16>::widen(b);
-}
 
 /* Raw bits of element e of a unit (ES bytes an element), and the unit with element e set. */
 template <int ES, int NB> __device__ __forceinline__ uint32_t raw_get(const Raw<NB> &r, int e)
@@ -187,17 +178,6 @@ template <int ES, int NB> __device__ __forceinline__ void state_store(const Conv
         else
             *reinterpret_cast<unsigned short *>(q) = (unsigned short)raw_get<ES, NB>(u, e);
     }
-}
-
-/* Whether sequence s stores its row `row` (>= 0): lmk_seq_stores, its scan of the later slots
- * shared by the block's threads. Every thread of the block calls it (a barrier). */
-__device__ __forceinline__ bool block_stores(const void *slots, int is64, uint64_t s, uint64_t n_seq, int64_t row)
-{
-    int dup = 0;
-    if (slots)
-        for (uint64_t j = s + 1 + threadIdx.x; j < n_seq; j += blockDim.x)
-            dup |= lmk_index_at(slots, is64, j) == row;
-    return !__syncthreads_or(dup);
 }
 
 /* Stages the weights and bias of channels c_lo .. c_lo + nch - 1 into s_w as f32: s_w[d * pitch +
@@ -351,7 +331,7 @@ __global__ void __launch_bounds__(kWalkThreads) conv_walk_kernel(const __grid_co
         if (lo == hi)
             continue; /* block-uniform: an empty sequence reads and writes nothing */
         const int64_t row = p.state ? lmk_seq_slot(p.slots, p.slots_is64, s, p.n_slots) : -1;
-        const bool stores = row >= 0 && block_stores(p.slots, p.slots_is64, s, p.n_seq, row);
+        const bool stores = row >= 0 && lmk_block_seq_stores(p.slots, p.slots_is64, s, p.n_seq, row);
         if (tid < gu)
             walk_sequence<DT, NB>(p, lo, hi, row, stores, c0, s_w + tid * VE, pitch);
     }
@@ -571,7 +551,7 @@ __device__ void tile_item(const ConvParams &p, const TileItem &it, unsigned char
     /* The state's writer: in a cluster the last non-empty segment (its ring holds the last W-1
      * inputs), else segment 0 (the only one reading the state rows). Block-uniform. */
     const bool writer = it.L > 0 && it.row >= 0 && (p.cluster ? own > 0 && it.s1 == it.L : seg == 0);
-    if (writer && block_stores(p.slots, p.slots_is64, it.s, p.n_seq, it.row))
+    if (writer && lmk_block_seq_stores(p.slots, p.slots_is64, it.s, p.n_seq, it.row))
         store_state<DT, NB>(p, it, ring);
 }
 

@@ -43,7 +43,7 @@
  * overflow), 1/sqrtf for the norms. Deterministic: every sum has a fixed order, no atomics.
  *
  * Sequences and slots are device data: lmk_seq_bounds and lmk_seq_slot (varlen.h) clamp them. A
- * row is stored only by the last sequence naming it (block_stores: lmk_seq_stores with the scan
+ * row is stored only by the last sequence naming it (lmk_block_seq_stores: lmk_seq_stores with the scan
  * of later slots shared by the block), from the row read at that sequence's start; an empty
  * sequence reads and writes nothing. Everything a launch needs travels by value in GdnParams (no
  * allocation, no copy, no sync), so a call can be captured into a CUDA graph; launches use
@@ -116,14 +116,6 @@ template <uint32_t QK> struct TokIn {
     float v, z, a, b;
 };
 
-__device__ __forceinline__ float ld_f32(const void *p, int dt, uint64_t i)
-{
-    if (dt == LMK_F32)
-        return static_cast<const float *>(p)[i];
-    const uint32_t b = static_cast<const unsigned short *>(p)[i];
-    return dt == LMK_BF16 ? Elem<LMK_BF16>::widen(b) : Elem<LMK_F16>::widen(b);
-}
-
 template <int DT> __device__ __forceinline__ float ld_elem(const unsigned char *base, uint64_t i)
 {
     if constexpr (Elem<DT>::size == 4)
@@ -154,17 +146,6 @@ __device__ __forceinline__ float part_sum(float x, uint32_t jw)
     for (uint32_t m = jw; m < 32; m <<= 1)
         x += __shfl_xor_sync(0xffffffffu, x, m);
     return x;
-}
-
-/* Whether sequence s stores its row `row` (>= 0): lmk_seq_stores, its scan of the later slots
- * shared by the block's threads. Every thread of the block calls it (a barrier). */
-__device__ __forceinline__ bool block_stores(const void *slots, int is64, uint64_t s, uint64_t n_seq, int64_t row)
-{
-    int dup = 0;
-    if (slots)
-        for (uint64_t j = s + 1 + threadIdx.x; j < n_seq; j += blockDim.x)
-            dup |= lmk_index_at(slots, is64, j) == row;
-    return !__syncthreads_or(dup);
 }
 
 template <uint32_t QK> __device__ LaneInfo<QK> lane_of(const GdnParams &p)
@@ -496,7 +477,7 @@ gdn_kernel(const __grid_constant__ GdnParams p)
         if (lo == hi)
             continue; /* block-uniform: an empty sequence reads and writes nothing */
         const int64_t row = p.state ? lmk_seq_slot(p.slots, p.slots_is64, s, p.n_slots) : -1;
-        const bool stores = row >= 0 && block_stores(p.slots, p.slots_is64, s, p.n_seq, row);
+        const bool stores = row >= 0 && lmk_block_seq_stores(p.slots, p.slots_is64, s, p.n_seq, row);
         gdn_sequence<DT, NREG>(p, sh, s_over + tid, ln, lo, hi, h, row, stores);
         __syncthreads(); /* the next item rewrites the parity-0 buffers */
     }

@@ -111,14 +111,6 @@ template <int DK> struct Prep {
     static constexpr int bytes = 2 * kC * PK * 2 + kC * kC * 4 + 6 * kC * 4;
 };
 
-__device__ __forceinline__ float ld_f32(const void *p, int dt, uint64_t i)
-{
-    if (dt == LMK_F32)
-        return static_cast<const float *>(p)[i];
-    const uint32_t b = static_cast<const unsigned short *>(p)[i];
-    return dt == LMK_BF16 ? Elem<LMK_BF16>::widen(b) : Elem<LMK_F16>::widen(b);
-}
-
 template <int DT> __device__ __forceinline__ float ld_in(const unsigned char *base, uint64_t i)
 {
     return Elem<DT>::widen(reinterpret_cast<const unsigned short *>(base)[i]);
@@ -498,16 +490,6 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_chunk_prep_kernel(const __gr
  * K2: the sequential pass.
  * ------------------------------------------------------------------------------------------- */
 
-/* Whether sequence s stores its row: lmk_seq_stores with the scan shared by the block (a barrier). */
-__device__ __forceinline__ bool block_stores(const void *slots, int is64, uint64_t s, uint64_t n_seq, int64_t row)
-{
-    int dup = 0;
-    if (slots)
-        for (uint64_t j = s + 1 + threadIdx.x; j < n_seq; j += blockDim.x)
-            dup |= lmk_index_at(slots, is64, j) == row;
-    return !__syncthreads_or(dup);
-}
-
 /* A block's share of a head's value rows: the SPLIT blocks of a cluster (sm_90) take DV / SPLIT
  * rows each, a warp 16 of them. */
 template <int DK, int DV, int SPLIT> struct Seq {
@@ -834,7 +816,7 @@ __device__ void seq_item(const ChunkParams &p, unsigned char *smem, uint64_t s, 
     if (nc <= 0)
         return; /* uniform over the cluster: an empty sequence reads and writes nothing */
     const int64_t row = p.state ? lmk_seq_slot(p.slots, p.slots_is64, s, p.n_slots) : -1;
-    const bool stores = row >= 0 && block_stores(p.slots, p.slots_is64, s, p.n_seq, row);
+    const bool stores = row >= 0 && lmk_block_seq_stores(p.slots, p.slots_is64, s, p.n_seq, row);
     const uint32_t kh = p.block_map ? h / p.group : h % p.Hk;
     StateRegs<DK> r;
     if (row >= 0)
