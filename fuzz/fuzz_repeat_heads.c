@@ -19,6 +19,7 @@
  *   always:  no heap allocation inside the call, no leak after freeing the call's buffers.
  */
 #include "fuzz_common.h"
+#include "ops/repeat/repeat.h"
 
 enum { SRC, DST };
 enum { INVALID, VALID, EITHER };

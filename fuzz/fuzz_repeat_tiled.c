@@ -12,6 +12,7 @@
  *   always:  no heap allocation inside the call, no leak after freeing the call's buffers.
  */
 #include "fuzz_common.h"
+#include "ops/repeat/repeat.h"
 
 /* lmk.h's contract for lmk_repeat_tiled: whether the call is valid. */
 static bool repeat_valid(const lmk_stream *s, const lmk_buffer *src, const lmk_buffer *dst,
