@@ -267,8 +267,8 @@ LMK_API int    lmk_buffer_is_contiguous(const lmk_buffer *buf);
  * A stream orders work on one device. Ops are queued on it and may run asynchronously;
  * lmk_stream_sync waits for all of it and reports asynchronous failures. On the CPU an op runs to
  * completion on the stream's own worker threads before the call returns, so sync only returns
- * LMK_OK; the ops' working memory (8 KiB per thread and 8 KiB shared) is the stream's, allocated
- * when it is created. On CUDA an op only enqueues kernels; faults during them surface as
+ * LMK_OK; the ops' working memory (192 KiB per thread, most of it the chunked Gated DeltaNet
+ * prefill's arrays, and 8 KiB shared) is the stream's, allocated when it is created. On CUDA an op only enqueues kernels; faults during them surface as
  * LMK_ERR_DEVICE at a later call or at lmk_stream_sync. Such a fault (e.g. an op on a buffer
  * wrapping freed device memory) is sticky: the device stays unusable in this process, every later
  * call on it returns LMK_ERR_DEVICE, and only freeing/closing its handles still works (lmk_cuda.h

@@ -84,9 +84,11 @@ int lmk_cpu_parallel_threads(const lmk_stream *s, size_t bytes);
  * lmk.h bounds its stack use). lmk_cpu_shared_scratch(s): what the calling thread prepares before
  * lmk_cpu_parallel for every share to read. One stream runs one op at a time (lmk.h), so an op
  * has both to itself. */
-/* A share's block holds gated_delta_rule's chunk (its f32 state of up to 256 x 256 and a chunk's
- * rows: src/ops/gated_delta_rule/cpu_chunk.h), the largest user. */
-#define LMK_CPU_SCRATCH ((size_t)384 << 10)
+/* A share's block holds gated_delta_rule's chunk, the largest user: its f32 state and a chunk of 32
+ * tokens' rows at head dims up to 128 (src/ops/gated_delta_rule/cpu_chunk.h); larger heads take
+ * chunks of 16 or the token form. Sized so that a stream of the most threads lmk allows (1024)
+ * holds under 200 MiB. */
+#define LMK_CPU_SCRATCH ((size_t)192 << 10)
 #define LMK_CPU_SHARED_SCRATCH ((size_t)8 << 10)
 void *lmk_cpu_scratch(lmk_stream *s, int tid);
 void *lmk_cpu_shared_scratch(lmk_stream *s);
