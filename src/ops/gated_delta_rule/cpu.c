@@ -81,6 +81,7 @@
  */
 #include "cpu/bf16_simd.h"
 #include "cpu/cpu.h"
+#include "cpu/vec.h"
 #include "ops/gated_delta_rule/cpu_chunk.h"
 #include "ops/gated_delta_rule/gated_delta_rule.h"
 #include "ops/varlen.h"
@@ -390,27 +391,6 @@ static void one_token_scalar(const gdn_run *r)
 /* ---- AVX2 ---- */
 
 #if LMK_CPU_X86
-LMK_CPU_STEP LMK_TARGET_AVX2 __m256 load8(const unsigned char *p, lmk_dtype dt)
-{
-    if (dt == LMK_F32)
-        return _mm256_loadu_ps((const float *)(const void *)p);
-    const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
-    if (dt == LMK_BF16)
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    return _mm256_cvtph_ps(h);
-}
-
-LMK_CPU_STEP LMK_TARGET_AVX2 void store8(unsigned char *p, __m256 v, lmk_dtype dt)
-{
-    if (dt == LMK_F32) {
-        _mm256_storeu_ps((float *)(void *)p, v);
-        return;
-    }
-    const __m128i h =
-        dt == LMK_BF16 ? lmk_cpu_bf16_8(v) : _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm_storeu_si128((__m128i *)(void *)p, h);
-}
-
 /* The lanes' sum in a fixed order. */
 LMK_CPU_STEP LMK_TARGET_AVX2 float hsum8(__m256 v)
 {
@@ -450,14 +430,14 @@ static LMK_TARGET_AVX2 void norm_row8(const gdn_run *r, const unsigned char *x, 
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        const __m256 v0 = load8(x + i * r->es, dt), v1 = load8(x + (i + 8) * r->es, dt);
+        const __m256 v0 = lmk_v8_load(dt, x + i * r->es), v1 = lmk_v8_load(dt, x + (i + 8) * r->es);
         _mm256_storeu_ps(dst + i, v0);
         _mm256_storeu_ps(dst + i + 8, v1);
         acc0 = _mm256_fmadd_ps(v0, v0, acc0);
         acc1 = _mm256_fmadd_ps(v1, v1, acc1);
     }
     for (; i + 8 <= n; i += 8) {
-        const __m256 v = load8(x + i * r->es, dt);
+        const __m256 v = lmk_v8_load(dt, x + i * r->es);
         _mm256_storeu_ps(dst + i, v);
         acc0 = _mm256_fmadd_ps(v, v, acc0);
     }
@@ -500,13 +480,13 @@ static LMK_TARGET_AVX2 void emit8(const gdn_run *r, const float *o, size_t tok, 
     for (; j + 8 <= w; j += 8) {
         __m256 y = _mm256_loadu_ps(o + j);
         if (norm) {
-            const __m256 zv = load8(z + j * zes, a->z_dtype);
+            const __m256 zv = lmk_v8_load(a->z_dtype, z + j * zes);
             const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), zv));
             const __m256 silu = _mm256_div_ps(zv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-            const __m256 wv = _mm256_add_ps(load8(nw + j * wes, a->nw_dtype), off);
+            const __m256 wv = _mm256_add_ps(lmk_v8_load(a->nw_dtype, nw + j * wes), off);
             y = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(y, rv), wv), silu);
         }
-        store8(dst + j * r->es, y, a->dtype);
+        lmk_v8_store(a->dtype, 0, dst + j * r->es, y);
     }
     if (j < w)
         emit_scalar(r, o + j, tok, c0 + j, w - j, rr, norm);
@@ -681,7 +661,7 @@ static LMK_TARGET_AVX2 void block_vec(const gdn_run *r, float *S, size_t rs, siz
         const __m256 d = _mm256_set1_ps(r->decay[t]), b = _mm256_set1_ps(r->beta[t]);
         for (int c = 0; c < nv; c++)
             _mm256_storeu_ps(u + 8 * c, _mm256_mul_ps(b, _mm256_fnmadd_ps(d, _mm256_loadu_ps(kv + 8 * c),
-                                                                           load8(v + 8 * c * r->es, a->dtype))));
+                                                                           lmk_v8_load(a->dtype, v + 8 * c * r->es))));
         const float *kn = r->kn + t * dk, *kn2 = t + 1 < r->n ? kn + dk : NULL;
         if (nv == 2 && r->avx512)
             step16z(S, rs, dk, !(t & 1), r->decay[t], u, kn, r->qn + t * dk, kn2, o_at(r, t, c0), kv);
@@ -777,7 +757,7 @@ static LMK_TARGET_AVX2 void one_token8(const gdn_run *r)
         const unsigned char *p = r->row + i * rb;
         const __m256 b = _mm256_broadcast_ss(r->kn + i);
         for (size_t j = 0; j < dv8; j += 8)
-            _mm256_storeu_ps(kv + j, _mm256_fmadd_ps(load8(p + j * ses, sd), b, _mm256_loadu_ps(kv + j)));
+            _mm256_storeu_ps(kv + j, _mm256_fmadd_ps(lmk_v8_load(sd, p + j * ses), b, _mm256_loadu_ps(kv + j)));
         for (size_t j = dv8; j < dv; j++)
             kv[j] += ld(sd, p, j) * r->kn[i];
     }
@@ -792,11 +772,11 @@ static LMK_TARGET_AVX2 void one_token8(const gdn_run *r)
             for (size_t l = 0; l < dv * ses; l += 64)
                 __builtin_prefetch(r->next + i * rb + l, 0, 2);
         for (size_t j = 0; j < dv8; j += 8) {
-            const __m256 s0 = p ? _mm256_mul_ps(load8(p + j * ses, sd), d) : _mm256_setzero_ps();
+            const __m256 s0 = p ? _mm256_mul_ps(lmk_v8_load(sd, p + j * ses), d) : _mm256_setzero_ps();
             const __m256 s = _mm256_fmadd_ps(bk, _mm256_loadu_ps(u + j), s0);
             _mm256_storeu_ps(o + j, _mm256_fmadd_ps(s, bq, _mm256_loadu_ps(o + j)));
             if (r->stores)
-                store8(p + j * ses, s, sd);
+                lmk_v8_store(sd, 0, p + j * ses, s);
         }
         for (size_t j = dv8; j < dv; j++) {
             const float s = (p ? ld(sd, p, j) * r->decay[0] : 0.0f) + r->kn[i] * u[j];
@@ -819,7 +799,7 @@ static LMK_TARGET_AVX2 void one_token_cols8(const gdn_run *r)
         const unsigned char *p = r->row + j * a->s_v * ses;
         __m256 acc = _mm256_setzero_ps();
         for (size_t i = 0; i < dk8; i += 8)
-            acc = _mm256_fmadd_ps(load8(p + i * ses, sd), _mm256_loadu_ps(kn + i), acc);
+            acc = _mm256_fmadd_ps(lmk_v8_load(sd, p + i * ses), _mm256_loadu_ps(kn + i), acc);
         float kv = hsum8(acc);
         for (size_t i = dk8; i < dk; i++)
             kv += ld(sd, p, i) * kn[i];
@@ -831,10 +811,10 @@ static LMK_TARGET_AVX2 void one_token_cols8(const gdn_run *r)
         const __m256 bu = _mm256_broadcast_ss(r->u + j);
         __m256 acc = _mm256_setzero_ps();
         for (size_t i = 0; i < dk8; i += 8) {
-            const __m256 s = _mm256_fmadd_ps(_mm256_loadu_ps(kn + i), bu, _mm256_mul_ps(load8(p + i * ses, sd), d));
+            const __m256 s = _mm256_fmadd_ps(_mm256_loadu_ps(kn + i), bu, _mm256_mul_ps(lmk_v8_load(sd, p + i * ses), d));
             acc = _mm256_fmadd_ps(s, _mm256_loadu_ps(qn + i), acc);
             if (r->stores)
-                store8(p + i * ses, s, sd);
+                lmk_v8_store(sd, 0, p + i * ses, s);
         }
         float o = hsum8(acc);
         for (size_t i = dk8; i < dk; i++) {
@@ -852,14 +832,14 @@ static LMK_TARGET_AVX2 void load_tile8(const gdn_run *r, size_t c0)
 {
     const lmk_gdn_args *a = r->a;
     for (size_t i = 0; i < a->dk; i++)
-        _mm256_storeu_ps(r->tile + i * r->W, load8(r->row + (i * a->s_k + c0) * r->ses, a->state_dtype));
+        _mm256_storeu_ps(r->tile + i * r->W, lmk_v8_load(a->state_dtype, r->row + (i * a->s_k + c0) * r->ses));
 }
 
 static LMK_TARGET_AVX2 void store_tile8(const gdn_run *r, size_t c0)
 {
     const lmk_gdn_args *a = r->a;
     for (size_t i = 0; i < a->dk; i++)
-        store8(r->row + (i * a->s_k + c0) * r->ses, _mm256_loadu_ps(r->tile + i * r->W), a->state_dtype);
+        lmk_v8_store(a->state_dtype, 0, r->row + (i * a->s_k + c0) * r->ses, _mm256_loadu_ps(r->tile + i * r->W));
 }
 #endif /* LMK_CPU_X86 */
 
